@@ -1,0 +1,42 @@
+# Everything a newcomer needs: `make run` and `make test` set themselves up.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+APT_PKGS := zookeeper prometheus redis-server postgresql
+export SPARK_LOCAL_IP ?= 127.0.0.1
+export PYSPARK_PYTHON = $(abspath $(BIN))/python
+
+.PHONY: run test bench venv apt-deps clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# The stamp depends on pyproject.toml so a new dependency reinstalls.
+.stamp-venv: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[spark,servers,test]'
+	touch $@
+
+venv: .stamp-venv
+
+# Debian packages for the real servers the tests start (ZooKeeper, Prometheus, Redis, PostgreSQL).
+.stamp-apt:
+	@if [ "$$(id -u)" = 0 ]; then \
+	  missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	  if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi; \
+	else echo "not root: assuming $(APT_PKGS) are installed"; fi
+	touch $@
+
+apt-deps: .stamp-apt
+
+run: .stamp-venv
+	$(BIN)/topo run configs/wordcount.yaml
+
+test: .stamp-venv .stamp-apt
+	$(BIN)/python -m pytest -q -ra
+
+bench: .stamp-venv .stamp-apt
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) .stamp-venv .stamp-apt build *.egg-info

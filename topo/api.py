@@ -1,0 +1,172 @@
+"""What a user subclasses: Spout, Bolt, and the Tuple they see.
+
+The shape follows Storm: a spout is pulled (``next_tuple``) by its task and emits
+through a collector; a bolt is pushed one tuple at a time (``execute``) and emits,
+acks and fails through its collector. ``emit`` is a plain call that never blocks:
+the task hands the emitted tuples to the engine when the call returns, and *that*
+is where the engine waits for queue space and for the rate limiter, so a user's
+code needs no ``await`` and memory stays bounded by what one call emits.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+DEFAULT_STREAM = "default"
+
+
+class EndOfStream(Exception):
+    """Raised by ``Spout.next_tuple`` when a finite source has nothing more to give.
+
+    The task stops pulling that spout; the topology ends when every spout has ended
+    and every tuple in flight has been processed (and acked, when acking is on).
+    """
+
+
+class Tuple:
+    """One tuple as a bolt sees it: values addressed by position or by field name."""
+
+    __slots__ = ("values", "fields", "stream", "source_component", "source_task", "anchors", "born")
+
+    def __init__(
+        self,
+        values: Sequence[Any],
+        fields: "FieldIndex",
+        stream: str = DEFAULT_STREAM,
+        source_component: str = "",
+        source_task: int = -1,
+        anchors: dict[int, int] | None = None,
+        born: float = 0.0,
+    ) -> None:
+        self.values = values
+        self.fields = fields
+        self.stream = stream
+        self.source_component = source_component
+        self.source_task = source_task
+        # root id -> edge id of this tuple in the XOR ledger; None when acking is off.
+        self.anchors = anchors
+        # perf_counter() of the spout emit this tuple descends from (latency metrics).
+        self.born = born
+
+    def __getitem__(self, key: int | str) -> Any:
+        if isinstance(key, str):
+            return self.values[self.fields.index[key]]
+        return self.values[key]
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        i = self.fields.index.get(name)
+        return default if i is None else self.values[i]
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(zip(self.fields.names, self.values))
+
+    def __repr__(self) -> str:
+        return f"Tuple({self.source_component}:{self.stream} {self.as_dict()!r})"
+
+
+@dataclass(frozen=True)
+class FieldIndex:
+    """Declared output fields of one stream, with a name -> position map."""
+
+    names: tuple[str, ...]
+    index: dict[str, int] = field(compare=False, hash=False, repr=False, default_factory=dict)
+
+    @classmethod
+    def of(cls, names: Sequence[str]) -> "FieldIndex":
+        names = tuple(names)
+        return cls(names, {n: i for i, n in enumerate(names)})
+
+
+class OutputCollector(Protocol):
+    """What a bolt emits, acks and fails through."""
+
+    def emit(self, values: Sequence[Any], stream: str = DEFAULT_STREAM,
+             anchors: "Tuple | Sequence[Tuple] | None" = None) -> None: ...
+
+    def ack(self, tup: Tuple) -> None: ...
+
+    def fail(self, tup: Tuple) -> None: ...
+
+
+class SpoutOutputCollector(Protocol):
+    """What a spout emits through. ``msg_id`` makes the tuple tracked when acking is on."""
+
+    def emit(self, values: Sequence[Any], stream: str = DEFAULT_STREAM, msg_id: Any = None) -> None: ...
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """Where a task sits in the topology; handed to ``open`` and ``prepare``."""
+
+    topology: str
+    component: str
+    task_id: int
+    task_index: int
+    parallelism: int
+    config: dict[str, Any]
+
+
+class Component:
+    """Shared by spouts and bolts: declared outputs.
+
+    Set ``outputs`` to a list of field names for the default stream, or to a dict
+    ``{stream: [fields...]}`` for named streams; or override ``declare_outputs``.
+    """
+
+    outputs: Sequence[str] | dict[str, Sequence[str]] = ()
+
+    def declare_outputs(self) -> dict[str, tuple[str, ...]]:
+        out = self.outputs
+        if isinstance(out, dict):
+            return {str(s): tuple(f) for s, f in out.items()}
+        return {DEFAULT_STREAM: tuple(out)} if out else {}
+
+
+class Spout(Component):
+    """A source. ``next_tuple`` is called repeatedly; it may be sync or ``async``.
+
+    When acking is on, tuples emitted with a ``msg_id`` are tracked; ``ack(msg_id)``
+    is called once the whole tuple tree is processed and ``fail(msg_id)`` when a
+    bolt failed it or it timed out. Replay is done by the engine (it keeps the
+    values of every pending tuple), so ``fail`` is a notification.
+    """
+
+    def open(self, context: TaskContext, collector: SpoutOutputCollector) -> None:
+        self.collector = collector
+        self.context = context
+
+    def next_tuple(self) -> Any:
+        raise NotImplementedError
+
+    def ack(self, msg_id: Any) -> None:
+        pass
+
+    def fail(self, msg_id: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class Bolt(Component):
+    """A processing step. ``execute`` may be a plain or an ``async`` function.
+
+    With ``auto_ack = True`` (the default, like Storm's BasicBolt) the engine anchors
+    every emit to the input tuple and acks it when ``execute`` returns; an exception
+    fails it. Set ``auto_ack = False`` to anchor, ack and fail by hand.
+    """
+
+    auto_ack: bool = True
+
+    def prepare(self, context: TaskContext, collector: OutputCollector) -> None:
+        self.collector = collector
+        self.context = context
+
+    def execute(self, tup: Tuple) -> Any:
+        raise NotImplementedError
+
+    def cleanup(self) -> None:
+        pass

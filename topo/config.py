@@ -1,0 +1,193 @@
+"""Every topology setting: its type, default and meaning, in one table.
+
+``configs/default.yaml`` lists the same settings for users to read; a test keeps
+the two in step. Keys are flat and dotted (Storm's ``topology.*`` style without the
+prefix) so ``--config queue.high_mark=10MB`` addresses any of them.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+
+class ConfigError(ValueError):
+    """A bad setting; ``key`` and ``value`` say which."""
+
+    def __init__(self, key: str, value: Any, message: str) -> None:
+        super().__init__(f"config {key!r}: {message} (got {value!r})")
+        self.key = key
+        self.value = value
+        self.reason = message
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+          "t": 1000**4, "tb": 1000**4, "ki": 1024, "kib": 1024, "mi": 1024**2, "mib": 1024**2,
+          "gi": 1024**3, "gib": 1024**3, "ti": 1024**4, "tib": 1024**4}
+
+
+def parse_bytes(value: Any) -> int:
+    """``52428800``, ``"50MB"`` or ``"48MiB"`` -> bytes. MB is decimal, MiB binary.
+
+    Document 000's marks, "50 MB" and "500 KB", are taken as 50 * 10**6 and
+    500 * 10**3 bytes.
+    """
+    if isinstance(value, bool):
+        raise ValueError("expected a size such as 50MB")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("a size cannot be negative")
+        return value
+    if isinstance(value, float) and value >= 0 and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        m = _SIZE.match(value)
+        if m:
+            return int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
+    raise ValueError("expected a size such as 50MB, 500KB or a number of bytes")
+
+
+def _bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.lower() in ("true", "false", "yes", "no", "on", "off", "1", "0"):
+        return v.lower() in ("true", "yes", "on", "1")
+    raise ValueError("expected true or false")
+
+
+def _int(v: Any) -> int:
+    if isinstance(v, bool):
+        raise ValueError("expected an integer")
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str) and re.fullmatch(r"-?\d+", v.strip()):
+        return int(v)
+    raise ValueError("expected an integer")
+
+
+def _float(v: Any) -> float:
+    if isinstance(v, bool):
+        raise ValueError("expected a number")
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            pass
+    raise ValueError("expected a number")
+
+
+def _str(v: Any) -> str:
+    if isinstance(v, str):
+        return v
+    raise ValueError("expected a string")
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str
+    default: Any
+    parse: Callable[[Any], Any]
+    doc: str
+    nullable: bool = False
+    check: Callable[[Any], str | None] | None = None
+    choices: tuple[str, ...] = ()
+
+
+def _positive(v: Any) -> str | None:
+    return None if v > 0 else "must be > 0"
+
+
+def _non_negative(v: Any) -> str | None:
+    return None if v >= 0 else "must be >= 0"
+
+
+def _fraction(v: Any) -> str | None:
+    return None if 0 < v < 1 else "must be between 0 and 1 (exclusive)"
+
+
+def _port(v: Any) -> str | None:
+    return None if 0 <= v <= 65535 else "must be a port number 0..65535"
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("engine", "local", _str, "which engine runs the topology", choices=("local", "spark")),
+    Setting("acking", False, _bool, "track every spout tuple's tree (at-least-once, Storm's XOR acker)"),
+    Setting("message_timeout_s", 30.0, _float, "a tracked tuple not fully acked within this fails and is replayed", check=_positive),
+    Setting("max_retries", 3, _int, "replays of one spout tuple before it goes to the dead-letter file", check=_non_negative),
+    Setting("max_spout_pending", 10000, _int, "tracked tuples in flight per spout task before next_tuple pauses", check=_positive),
+    Setting("dead_letter_path", "dead-letters.jsonl", _str, "JSON lines file for tuples that exhausted their retries"),
+    Setting("drain_timeout_s", 10.0, _float, "on stop, how long in-flight tuples may take before they are failed back", check=_non_negative),
+    Setting("queue.high_mark", 50_000_000, parse_bytes, "queue bytes at or over which a task is overloaded (document 000: 50 MB)", check=_positive),
+    Setting("queue.low_mark", 500_000, parse_bytes, "queue bytes at or under which a task is lightly loaded (document 000: 500 KB)"),
+    Setting("queue.hard_bound", None, parse_bytes, "queue bytes at which emit waits; null means 2 x queue.high_mark", nullable=True, check=_positive),
+    Setting("batch.size", 256, _int, "tuples per transfer batch between tasks", check=_positive),
+    Setting("batch.flush_interval_ms", 1.0, _float, "longest a partial batch waits before it is sent", check=_positive),
+    Setting("backpressure.policy", "stepwise", _str, "flow-control policy", choices=("none", "stepwise")),
+    Setting("backpressure.step", 0.5, _float, "v': each backpressure step multiplies the upstream rate by this", check=_fraction),
+    Setting("backpressure.sensitivity_ms", 2000.0, _float, "low mark must hold this long before a release; also the check period", check=_positive),
+    Setting("backpressure.rate_floor", 1.0, _float, "no step takes a rate below this many tuples/s", check=_positive),
+    Setting("coordinator", "embedded", _str, "where signals travel: embedded, or zookeeper://host:port/root"),
+    Setting("metrics.port", 0, _int, "Prometheus exporter port on 127.0.0.1; 0 turns it off", check=_port),
+    Setting("metrics.host", "127.0.0.1", _str, "address the Prometheus exporter listens on"),
+    Setting("status.path", None, _str, "file the run writes its task states to every second (for topo status)", nullable=True),
+    Setting("seed", None, _int, "seed for shuffle start positions; null picks one at random", nullable=True),
+)
+
+BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
+
+
+def coerce(key: str, value: Any) -> Any:
+    """Parse and check one setting; raises ``ConfigError`` naming key and value."""
+    s = BY_KEY.get(key)
+    if s is None:
+        close = [k for k in BY_KEY if k.split(".")[-1] == key.split(".")[-1] or k.startswith(key)]
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(key, value, "unknown setting" + hint)
+    if value is None:
+        if s.nullable:
+            return None
+        raise ConfigError(key, value, "cannot be null")
+    try:
+        parsed = s.parse(value)
+    except ValueError as e:
+        raise ConfigError(key, value, str(e)) from None
+    if s.choices and parsed not in s.choices:
+        raise ConfigError(key, value, f"must be one of {', '.join(s.choices)}")
+    if s.check:
+        err = s.check(parsed)
+        if err:
+            raise ConfigError(key, value, err)
+    return parsed
+
+
+def resolve(*layers: Mapping[str, Any]) -> dict[str, Any]:
+    """Defaults overlaid by each layer in turn (file config, then command line)."""
+    out = {s.key: s.default for s in BY_KEY.values()}
+    for layer in layers:
+        for k, v in layer.items():
+            out[k] = coerce(k, v)
+    if out["queue.hard_bound"] is None:
+        out["queue.hard_bound"] = 2 * out["queue.high_mark"]
+    if out["queue.low_mark"] >= out["queue.high_mark"]:
+        raise ConfigError("queue.low_mark", out["queue.low_mark"], "must be below queue.high_mark")
+    if out["queue.hard_bound"] < out["queue.high_mark"]:
+        raise ConfigError("queue.hard_bound", out["queue.hard_bound"], "must be at least queue.high_mark")
+    return out
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``key=value`` from the command line; the value is read as YAML scalar."""
+    import yaml
+
+    if "=" not in text:
+        raise ConfigError(text, text, "expected key=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else raw
+    except yaml.YAMLError:
+        value = raw
+    return key, coerce(key, value)
