@@ -26,7 +26,8 @@ class EndOfStream(Exception):
 class Tuple:
     """One tuple as a bolt sees it: values addressed by position or by field name."""
 
-    __slots__ = ("values", "fields", "stream", "source_component", "source_task", "anchors", "born")
+    __slots__ = ("values", "fields", "stream", "source_component", "source_task", "anchors", "born",
+                 "ackval")
 
     def __init__(
         self,
@@ -47,6 +48,8 @@ class Tuple:
         self.anchors = anchors
         # perf_counter() of the spout emit this tuple descends from (latency metrics).
         self.born = born
+        # XOR of the edge ids of tuples anchored to this one (Storm's ack value).
+        self.ackval = 0
 
     def __getitem__(self, key: int | str) -> Any:
         if isinstance(key, str):

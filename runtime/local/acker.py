@@ -1,0 +1,80 @@
+"""Storm's XOR-ledger acker, in process.
+
+Every tracked spout tuple is a *root*. Each edge of its tuple tree (one tuple sent
+to one task) gets a random 64-bit id. The ledger of a root holds the XOR of the
+ids of edges created and not yet acked: creating an edge XORs it in, acking the
+tuple on that edge XORs it out together with the edges of the tuples anchored to
+it. The ledger is zero exactly when the whole tree is processed (with probability
+1 - 2**-64 per update), however the updates interleave, in constant memory per root.
+
+The acker is a plain object called by tasks on the same event loop (no acker task
+and no queue hop); it reports outcomes to the spout task that owns the root
+through a callback, and ``expire`` fails roots older than the message timeout.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(slots=True)
+class _Entry:
+    xor: int
+    owner: int          # spout task id
+    deadline: float
+
+
+# (owner task id, root, ok, reason)
+Outcome = Callable[[int, int, bool, str], None]
+
+
+class Acker:
+    """Ledger of in-flight roots; ``on_outcome`` is told of each completion or failure."""
+
+    def __init__(self, on_outcome: Outcome, timeout_s: float) -> None:
+        self._ledger: dict[int, _Entry] = {}
+        self._on_outcome = on_outcome
+        self.timeout_s = timeout_s
+
+    def __len__(self) -> int:
+        return len(self._ledger)
+
+    def track(self, root: int, owner: int, edges_xor: int, now: float) -> None:
+        """A spout emitted ``root``, creating edges whose ids XOR to ``edges_xor``."""
+        if edges_xor == 0:
+            # No subscriber got the tuple: the tree is complete at once.
+            self._on_outcome(owner, root, True, "")
+            return
+        self._ledger[root] = _Entry(edges_xor, owner, now + self.timeout_s)
+
+    def update(self, root: int, value: int) -> None:
+        """XOR ``value`` into the ledger of ``root``; completes it when it reaches zero."""
+        e = self._ledger.get(root)
+        if e is None:
+            return  # already failed or timed out: late acks are ignored, as in Storm
+        e.xor ^= value
+        if e.xor == 0:
+            del self._ledger[root]
+            self._on_outcome(e.owner, root, True, "")
+
+    def fail(self, root: int, reason: str) -> None:
+        e = self._ledger.pop(root, None)
+        if e is not None:
+            self._on_outcome(e.owner, root, False, reason)
+
+    def expire(self, now: float) -> int:
+        """Fail every root past its deadline. Roots are kept in insertion (= deadline) order."""
+        expired = []
+        for root, e in self._ledger.items():
+            if e.deadline > now:
+                break
+            expired.append(root)
+        for root in expired:
+            self.fail(root, "timeout")
+        return len(expired)
+
+    def fail_all(self, reason: str) -> int:
+        roots = list(self._ledger)
+        for root in roots:
+            self.fail(root, reason)
+        return len(roots)
