@@ -31,6 +31,7 @@ apt-deps: .stamp-apt
 
 run: .stamp-venv
 	$(BIN)/topo run configs/wordcount.yaml
+	$(BIN)/python -m topo.examples.wordcount wordcount.db
 
 test: .stamp-venv .stamp-apt
 	$(BIN)/python -m pytest -q -ra

@@ -163,6 +163,9 @@ class Bolt(Component):
     """
 
     auto_ack: bool = True
+    # Storm's tick tuples: when set, ``tick()`` is called about this often from the
+    # task's own loop (between tuples, never concurrently with ``execute``).
+    tick_interval_s: float | None = None
 
     def prepare(self, context: TaskContext, collector: OutputCollector) -> None:
         self.collector = collector
@@ -170,6 +173,9 @@ class Bolt(Component):
 
     def execute(self, tup: Tuple) -> Any:
         raise NotImplementedError
+
+    def tick(self) -> None:
+        """Periodic hook (see ``tick_interval_s``), e.g. to flush a buffered sink."""
 
     def cleanup(self) -> None:
         pass

@@ -28,7 +28,7 @@ from runtime.local.deadletter import DeadLetterWriter
 from runtime.local.outbox import Outbox, StreamRoutes
 from runtime.local.queue import ByteQueue
 from runtime.local.stats import TaskStats
-from runtime.local.tasks import BoltTask, SpoutTask, _TaskBase
+from runtime.local.tasks import TICK, BoltTask, SpoutTask, _TaskBase
 
 log = logging.getLogger("topo.engine")
 
@@ -171,6 +171,9 @@ class LocalEngine:
                 if t.queue is not None:
                     s.queue_bytes = t.queue.bytes
                     s.queue_tuples = t.queue.count
+                if isinstance(t, BoltTask) and t.tick_interval_s and now - t.last_tick >= t.tick_interval_s:
+                    t.last_tick = now
+                    t.queue.put_marker(TICK)
             if self.acker is not None:
                 self.acker.expire(now)
 

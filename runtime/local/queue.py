@@ -17,12 +17,13 @@ from typing import Any
 class ByteQueue:
     """FIFO of (batch, nbytes); ``bytes`` and ``count`` are exact at every moment."""
 
-    __slots__ = ("hard_bound", "bytes", "count", "_items", "_getter", "_putters", "_loop")
+    __slots__ = ("hard_bound", "bytes", "count", "peak_bytes", "_items", "_getter", "_putters", "_loop")
 
     def __init__(self, hard_bound: int) -> None:
         self.hard_bound = hard_bound
         self.bytes = 0
         self.count = 0
+        self.peak_bytes = 0  # high-water mark of ``bytes`` over the queue's life
         self._items: deque[tuple[list[Any], int]] = deque()
         self._getter: asyncio.Future[None] | None = None
         self._putters: deque[asyncio.Future[None]] = deque()
@@ -54,12 +55,24 @@ class ByteQueue:
         self._items.append((batch, nbytes))
         self.bytes += nbytes
         self.count += len(batch)
+        if self.bytes > self.peak_bytes:
+            self.peak_bytes = self.bytes
         g = self._getter
         if g is not None:
             self._getter = None
             if not g.done():
                 g.set_result(None)
         return waited
+
+    def put_marker(self, marker: list[Any]) -> None:
+        """Append a control item (a tick) that takes no bytes and never waits."""
+        self._items.append((marker, 0))
+        self.count += len(marker)
+        g = self._getter
+        if g is not None:
+            self._getter = None
+            if not g.done():
+                g.set_result(None)
 
     def get_nowait(self) -> tuple[list[Any], int] | None:
         if not self._items:

@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("topo.task")
 
+# The control item a ticker puts in a bolt's queue to call ``Bolt.tick``.
+TICK: list[Any] = [None]
+
 # Shortest wait worth a timer: below it the limiter's debt carries to the next call.
 _MIN_SLEEP_S = 0.001
 _SPOUT_IDLE_SLEEP_S = 0.001  # Storm's default sleep-spout wait strategy
@@ -317,6 +320,8 @@ class BoltTask(_TaskBase):
         self.auto_ack = bool(getattr(self.bolt, "auto_ack", True))
         self.collector = BoltCollector(self)
         self.waiting = False   # parked on an empty queue with nothing pending (drain check)
+        self.tick_interval_s = getattr(self.bolt, "tick_interval_s", None)
+        self.last_tick = time.monotonic()
         self._errors_logged = 0
 
     def _on_error(self, tup: Tuple, exc: BaseException) -> None:
@@ -352,6 +357,13 @@ class BoltTask(_TaskBase):
                 self.waiting = False
             batch = item[0]
             before = collector.emitted
+            if batch is TICK:
+                try:
+                    bolt.tick()
+                except Exception:
+                    log.exception("bolt %s (task %d) tick raised", self.component, self.task_id)
+                await self._send(collector.emitted - before)
+                continue
             first = True
             for tup in batch:
                 collector.current = tup
