@@ -1,0 +1,359 @@
+"""Rate controllers for micro-batch admission: document 001's adaptive controller,
+Spark's DStream PID rules, and a fixed cap.
+
+All three are pure: they are told what happened (a batch started, a batch ended, a
+batch is being submitted now) with times as plain floats in **seconds** on any clock,
+and they answer with a rate cap in **records per second for the whole source**. The
+engine turns the cap into offsets: each of the source's ``P`` partitions may admit
+``rate * t_interval / P`` records per batch, or all that remains (``per_partition_cap``).
+Nothing here reads a clock, sleeps or touches Spark; the Spark engine's listener and
+submission ticker feed them (``runtime/spark/listener.py``), and the tests feed them
+with a fake clock.
+
+Document 001 (adaptive rate control for micro-batch streaming)
+===============================================================
+
+Names follow the document: ``t_interval`` (batch interval), ``t_batchst`` (batch start),
+``t_batched`` (batch end), ``t_proclast`` / ``t_waitlast`` / ``elemnumlast`` (processing
+time, waiting time and element count of the latest finished batch), ``submit_time``,
+``prelx``, ``brelx``, ``Kblock``, ``latestRate``, ``latestError``.
+
+* **Slow start** (3.1): until the first batch has finished, the cap is ``n`` records per
+  source partition per second, ``50 < n < 1000`` (``initial_rate_per_partition``).
+* **At each batch submission** (3.2.3) one of three cases applies, with
+  ``prelx = min(50 ms, 0.05 * t_interval)``:
+
+  1. the previous batch has finished and its processing time is outside
+     ``[t_interval - prelx, t_interval]``: PID with ``blockTime = 0``;
+  2. the previous batch has finished and its processing time is inside that window:
+     keep ``latestRate``; when the last **three** finished batches all lie in the
+     window, use their mean processing rate instead (formula 8);
+  3. the previous batch has not finished: PID with ``blockTime`` from formula 3.
+
+Formulas 1, 3 and 7 are in the document's text. Formulas 2, 4, 5, 6 and 8 were images
+and are lost; they are **reconstructed** here from Spark's DStream ``PIDRateEstimator``
+(which the document extends) and the document's description of what each one uses
+(its variable lists after each formula), as the seeds README directs::
+
+    (1) newRate          = max(minRate, latestRate - Kp*error - Ki*historicalError - Kd*dError)
+    (2) error            = latestRate - elemnumlast / (t_proclast + Kblock*blockTime)      [reconstructed]
+    (3) blockTime        = max(t_interval - (submit_time - t_batchst), brelx)
+    (4) historicalError  = (t_waitlast + Kblock*blockTime) * processingRate / t_interval  [reconstructed]
+    (5) processingRate   = elemnumlast / t_proclast                                        [reconstructed]
+    (6) dError           = (error - latestError) / delaySinceUpdate                        [reconstructed]
+    (7) delaySinceUpdate = lastProcessingEndTime - latestTime
+    (8) newRate          = (r_last + r_2nd-last + r_3rd-last) / 3                           [reconstructed]
+
+with ``Kp = 1``, ``Ki = 0.2``, ``Kd = 0``, ``Kblock = 0.3``, ``brelx = 50 ms`` when
+``t_interval > 1000 ms`` and ``0.05 * t_interval`` otherwise. In (3) ``t_batchst`` is the
+start of the batch still running at ``submit_time``. In (2) and (4) ``blockTime`` is 0 in
+case 1. The ``r`` of (8) are the finished batches' processing rates (5).
+
+Decisions where the document is silent (each has a test):
+
+* ``latestRate`` is, as the document defines it, the cap *the latest finished batch was
+  admitted with* (looked up from the submissions this controller answered), not the last
+  cap it computed. That makes a submission idempotent: asking twice with nothing new
+  finished gives the same answer, so an idle stream (no batches for a while) or a long
+  batch spanning several submissions does not compound the PID step.
+* ``latestError`` is the case-1 error (``blockTime = 0``) of the finished batch before the
+  latest one; ``delaySinceUpdate`` is the time between those two batches' ends (7). With
+  ``Kd = 0`` neither changes the answer; they are kept so ``Kd`` can be tried.
+* A finished batch with no elements or no processing time tells nothing about the
+  processing rate (Spark skips it too); it neither updates the PID nor breaks the
+  three-batch window. It still ends the "previous batch running" state.
+* Before any batch has finished, and in case 3 before any batch has finished, the cap
+  is the slow-start cap.
+
+Spark's DStream PID (for comparison)
+====================================
+
+``DStreamPIDController`` applies ``PIDRateEstimator``'s rules exactly: on each finished
+batch with elements and processing time, ``processingRate = elements / processingDelay``,
+``error = latestRate - processingRate``,
+``historicalError = schedulingDelay * processingRate / batchInterval``,
+``dError = (error - latestError) / delaySinceUpdate`` (time between this and the previous
+update) and ``newRate = max(minRate, latestRate - Kp*error - Ki*historicalError - Kd*dError)``
+with Spark's defaults ``Kp = 1, Ki = 0.2, Kd = 0, minRate = 100``. The first update only
+records ``latestRate = processingRate`` and publishes nothing (Spark's ``firstRun``); later
+updates publish ``newRate`` and set ``latestRate`` to it. A submission takes the last
+published rate (the initial rate before any).
+
+``FixedRateController`` is Spark's static ``maxRatePerPartition``: the same cap always.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol
+
+KP = 1.0
+KI = 0.2
+KD = 0.0
+K_BLOCK = 0.3
+SPARK_MIN_RATE = 100.0
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    """One finished micro-batch, as the listener saw it (times in seconds)."""
+
+    start: float              # t_batchst: when the batch began processing
+    end: float                # t_batched: when it finished
+    processing_time: float    # t_proclast
+    waiting_time: float       # t_waitlast: scheduling delay (start - submission)
+    elements: int             # elemnumlast
+
+    @property
+    def processing_rate(self) -> float:
+        """Formula (5): elements per second of processing; 0 when undefined."""
+        if self.elements <= 0 or self.processing_time <= 0:
+            return 0.0
+        return self.elements / self.processing_time
+
+
+class RateController(Protocol):
+    """What the engine drives. ``on_submit`` returns the cap (records/s) for the batch
+    submitted now; ``None`` means no cap."""
+
+    name: str
+
+    def on_batch_start(self, t_batchst: float) -> None: ...
+
+    def on_batch_end(self, info: BatchInfo) -> None: ...
+
+    def on_submit(self, submit_time: float) -> float | None: ...
+
+
+def prelx_for(t_interval: float) -> float:
+    """``prelx = min(50 ms, 0.05 * t_interval)`` (seconds)."""
+    return min(0.050, 0.05 * t_interval)
+
+
+def brelx_for(t_interval: float) -> float:
+    """``brelx``: 50 ms for intervals over 1000 ms, else ``0.05 * t_interval`` (seconds)."""
+    return 0.050 if t_interval > 1.0 else 0.05 * t_interval
+
+
+def per_partition_cap(rate: float | None, t_interval: float, partitions: int) -> int | None:
+    """Records one source partition may admit into one batch: ``rate * t_interval / P``.
+
+    Rounded down, but at least 1 so a positive cap always makes progress; ``None`` (no
+    cap) stays ``None``. The reader then takes ``min(cap, what remains)``.
+    """
+    if rate is None:
+        return None
+    if partitions < 1:
+        raise ValueError("partitions must be >= 1")
+    return max(1, math.floor(rate * t_interval / partitions))
+
+
+def _check_common(t_interval: float, partitions: int, min_rate: float) -> None:
+    if t_interval <= 0:
+        raise ValueError("t_interval must be > 0")
+    if partitions < 1:
+        raise ValueError("partitions must be >= 1")
+    if min_rate < 0:
+        raise ValueError("min_rate must be >= 0")
+
+
+class AdaptiveRateController:
+    """Document 001's controller (see the module docstring for every formula)."""
+
+    name = "doc001"
+
+    def __init__(self, t_interval: float, partitions: int, *,
+                 initial_rate_per_partition: float = 500.0, min_rate: float = SPARK_MIN_RATE,
+                 kp: float = KP, ki: float = KI, kd: float = KD, k_block: float = K_BLOCK) -> None:
+        _check_common(t_interval, partitions, min_rate)
+        if not 50 < initial_rate_per_partition < 1000:
+            raise ValueError("slow start needs 50 < n < 1000 records per partition per second")
+        self.t_interval = t_interval
+        self.partitions = partitions
+        self.initial_rate = initial_rate_per_partition * partitions
+        self.min_rate = min_rate
+        self.kp, self.ki, self.kd, self.k_block = kp, ki, kd, k_block
+        self.prelx = prelx_for(t_interval)
+        self.brelx = brelx_for(t_interval)
+        # (submit_time, cap) of recent submissions, to find the cap a batch ran with.
+        self._submissions: deque[tuple[float, float]] = deque(maxlen=256)
+        # Finished batches that carry a processing rate, newest last, with the cap each
+        # was admitted with and its case-1 error.
+        self._finished: deque[tuple[BatchInfo, float, float]] = deque(maxlen=3)
+        self._running_start: float | None = None
+        self.last_case: int = 0   # 0 = slow start, else 1, 2 or 3 (for metrics and tests)
+        self.rate: float = self.initial_rate
+
+    # -- observations ---------------------------------------------------------------
+    def on_batch_start(self, t_batchst: float) -> None:
+        self._running_start = t_batchst
+
+    def on_batch_end(self, info: BatchInfo) -> None:
+        if self._running_start is not None and info.start >= self._running_start - 1e-9:
+            self._running_start = None
+        if info.processing_rate <= 0:
+            return
+        cap = self._cap_at(info.start)
+        error = cap - info.processing_rate
+        self._finished.append((info, cap, error))
+
+    def _cap_at(self, t: float) -> float:
+        """The cap of the latest submission at or before ``t`` (slow start before any)."""
+        tolerance = 0.05 * self.t_interval
+        for when, cap in reversed(self._submissions):
+            if when <= t + tolerance:
+                return cap
+        return self.initial_rate
+
+    def _in_window(self, info: BatchInfo) -> bool:
+        return self.t_interval - self.prelx <= info.processing_time <= self.t_interval
+
+    # -- the decision ---------------------------------------------------------------
+    def block_time(self, submit_time: float, t_batchst: float) -> float:
+        """Formula (3)."""
+        return max(self.t_interval - (submit_time - t_batchst), self.brelx)
+
+    def pid(self, block_time: float) -> float:
+        """Formulas (1), (2), (4)-(7) on the latest finished batch."""
+        last, latest_rate, _ = self._finished[-1]
+        slowed = last.processing_time + self.k_block * block_time
+        error = latest_rate - last.elements / slowed
+        historical_error = (last.waiting_time + self.k_block * block_time) * last.processing_rate / self.t_interval
+        d_error = 0.0
+        if len(self._finished) >= 2:
+            prev, _, latest_error = self._finished[-2]
+            delay_since_update = last.end - prev.end
+            if delay_since_update > 0:
+                d_error = (error - latest_error) / delay_since_update
+        new_rate = latest_rate - self.kp * error - self.ki * historical_error - self.kd * d_error
+        return max(self.min_rate, new_rate)
+
+    def on_submit(self, submit_time: float) -> float:
+        if not self._finished:
+            self.last_case = 0
+            rate = self.initial_rate
+        elif self._running_start is not None and self._running_start <= submit_time:
+            self.last_case = 3
+            rate = self.pid(self.block_time(submit_time, self._running_start))
+        else:
+            last, latest_rate, _ = self._finished[-1]
+            if self._in_window(last):
+                self.last_case = 2
+                if len(self._finished) == 3 and all(self._in_window(b) for b, _, _ in self._finished):
+                    rate = max(self.min_rate, sum(b.processing_rate for b, _, _ in self._finished) / 3)
+                else:
+                    rate = latest_rate
+            else:
+                self.last_case = 1
+                rate = self.pid(0.0)
+        self._submissions.append((submit_time, rate))
+        self.rate = rate
+        return rate
+
+
+class DStreamPIDController:
+    """Spark Streaming's ``PIDRateEstimator`` rules behind the same interface."""
+
+    name = "pid"
+
+    def __init__(self, t_interval: float, partitions: int, *,
+                 initial_rate_per_partition: float | None = 500.0, min_rate: float = SPARK_MIN_RATE,
+                 kp: float = KP, ki: float = KI, kd: float = KD) -> None:
+        _check_common(t_interval, partitions, min_rate)
+        self.t_interval = t_interval
+        self.partitions = partitions
+        self.min_rate = min_rate
+        self.kp, self.ki, self.kd = kp, ki, kd
+        self.first_run = True
+        self.latest_time = -math.inf
+        self.latest_rate = -1.0
+        self.latest_error = -1.0
+        initial = None if initial_rate_per_partition is None else initial_rate_per_partition * partitions
+        self.rate: float | None = initial
+
+    def on_batch_start(self, t_batchst: float) -> None:
+        return None
+
+    def on_batch_end(self, info: BatchInfo) -> None:
+        time = info.end
+        if not (time > self.latest_time and info.elements > 0 and info.processing_time > 0):
+            return
+        delay_since_update = time - self.latest_time
+        processing_rate = info.elements / info.processing_time
+        error = self.latest_rate - processing_rate
+        historical_error = info.waiting_time * processing_rate / self.t_interval
+        d_error = (error - self.latest_error) / delay_since_update
+        new_rate = max(self.min_rate, self.latest_rate - self.kp * error - self.ki * historical_error
+                       - self.kd * d_error)
+        self.latest_time = time
+        if self.first_run:
+            self.latest_rate = processing_rate
+            self.latest_error = 0.0
+            self.first_run = False
+        else:
+            self.latest_rate = new_rate
+            self.latest_error = error
+            self.rate = new_rate
+
+    def on_submit(self, submit_time: float) -> float | None:
+        return self.rate
+
+
+class FixedRateController:
+    """A static cap (Spark's ``maxRatePerPartition``): ``rate_per_partition * P`` always."""
+
+    name = "fixed"
+
+    def __init__(self, t_interval: float, partitions: int, *, rate_per_partition: float) -> None:
+        _check_common(t_interval, partitions, 0.0)
+        if rate_per_partition <= 0:
+            raise ValueError("rate_per_partition must be > 0")
+        self.rate = rate_per_partition * partitions
+
+    def on_batch_start(self, t_batchst: float) -> None:
+        return None
+
+    def on_batch_end(self, info: BatchInfo) -> None:
+        return None
+
+    def on_submit(self, submit_time: float) -> float:
+        return self.rate
+
+
+class NoRateController:
+    """No admission control: every batch takes all that is available."""
+
+    name = "none"
+    rate = None
+
+    def on_batch_start(self, t_batchst: float) -> None:
+        return None
+
+    def on_batch_end(self, info: BatchInfo) -> None:
+        return None
+
+    def on_submit(self, submit_time: float) -> None:
+        return None
+
+
+CONTROLLERS = ("doc001", "pid", "fixed", "none")
+
+
+def make_controller(kind: str, t_interval: float, partitions: int, *,
+                    initial_rate_per_partition: float = 500.0, min_rate: float = SPARK_MIN_RATE,
+                    fixed_rate_per_partition: float | None = None) -> RateController:
+    """The controller named by ``spark.rate_control``."""
+    if kind == "doc001":
+        return AdaptiveRateController(t_interval, partitions, initial_rate_per_partition=initial_rate_per_partition,
+                                      min_rate=min_rate)
+    if kind == "pid":
+        return DStreamPIDController(t_interval, partitions, initial_rate_per_partition=initial_rate_per_partition,
+                                    min_rate=min_rate)
+    if kind == "fixed":
+        if fixed_rate_per_partition is None:
+            raise ValueError("rate control 'fixed' needs a rate per partition (spark.max_rate_per_partition)")
+        return FixedRateController(t_interval, partitions, rate_per_partition=fixed_rate_per_partition)
+    if kind == "none":
+        return NoRateController()
+    raise ValueError(f"unknown rate control {kind!r}; expected one of {', '.join(CONTROLLERS)}")

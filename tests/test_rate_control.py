@@ -1,0 +1,261 @@
+"""Document 001's rate controller, Spark's DStream PID rules and the fixed cap, on a fake clock.
+
+Times are plain floats (seconds); the controllers never read a clock, so each test is
+a script of batch starts, ends and submissions.
+"""
+from __future__ import annotations
+
+import pytest
+
+from backpressure.policy.rate_control import (AdaptiveRateController, BatchInfo, DStreamPIDController,
+                                              FixedRateController, NoRateController, brelx_for,
+                                              make_controller, per_partition_cap, prelx_for)
+
+
+def batch(start: float, proc: float, n: int, wait: float = 0.0) -> BatchInfo:
+    return BatchInfo(start=start, end=start + proc, processing_time=proc, waiting_time=wait, elements=n)
+
+
+def run_batch(c, start: float, proc: float, n: int, wait: float = 0.0) -> None:
+    c.on_batch_start(start)
+    c.on_batch_end(batch(start, proc, n, wait))
+
+
+# -- relaxation parameters -------------------------------------------------------------
+
+def test_prelx_is_min_of_50ms_and_5_percent():
+    assert prelx_for(1.0) == pytest.approx(0.05)
+    assert prelx_for(4.0) == pytest.approx(0.05)
+    assert prelx_for(0.5) == pytest.approx(0.025)
+
+
+def test_brelx_is_50ms_over_one_second_else_5_percent():
+    assert brelx_for(2.0) == pytest.approx(0.05)
+    assert brelx_for(0.5) == pytest.approx(0.025)
+    assert brelx_for(1.0) == pytest.approx(0.05)
+
+
+def test_per_partition_cap_floors_and_never_zero():
+    assert per_partition_cap(1000.0, 1.0, 4) == 250
+    assert per_partition_cap(999.0, 1.0, 4) == 249
+    assert per_partition_cap(1.0, 1.0, 4) == 1
+    assert per_partition_cap(None, 1.0, 4) is None
+    assert per_partition_cap(300.0, 2.0, 4) == 150
+
+
+# -- slow start ---------------------------------------------------------------------------
+
+def test_slow_start_is_n_per_partition_per_second():
+    c = AdaptiveRateController(1.0, 4, initial_rate_per_partition=200)
+    assert c.on_submit(0.0) == 800
+    assert c.last_case == 0
+    # still slow start while the first batch runs
+    c.on_batch_start(0.0)
+    assert c.on_submit(1.0) == 800
+
+
+@pytest.mark.parametrize("n", [50, 1000, 10, 5000])
+def test_slow_start_bounds(n):
+    with pytest.raises(ValueError):
+        AdaptiveRateController(1.0, 4, initial_rate_per_partition=n)
+
+
+# -- case 1: finished, off the interval: PID with blockTime 0 --------------------------------
+
+def test_case1_pid_after_fast_batch():
+    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500, min_rate=10)
+    assert c.on_submit(0.0) == 1000
+    run_batch(c, 0.0, 0.5, 1000)          # processingRate 2000/s, no wait
+    # error = 1000 - 2000 = -1000; historicalError = 0 -> newRate = 1000 + 1000
+    assert c.on_submit(1.0) == pytest.approx(2000)
+    assert c.last_case == 1
+
+
+def test_case1_pid_with_waiting_time_uses_integral_term():
+    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500, min_rate=10)
+    c.on_submit(0.0)
+    run_batch(c, 0.1, 1.5, 1200, wait=0.1)  # processingRate 800
+    # error = 1000 - 800 = 200; hist = 0.1 * 800 / 1 = 80; new = 1000 - 200 - 0.2*80 = 784
+    assert c.on_submit(1.0) == pytest.approx(784)
+
+
+def test_min_rate_floor():
+    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500, min_rate=300)
+    c.on_submit(0.0)
+    run_batch(c, 0.0, 10.0, 100, wait=5.0)  # processingRate 10/s
+    assert c.on_submit(11.0) == 300
+
+
+# -- case 2: finished within [t_interval - prelx, t_interval] --------------------------------
+
+def test_case2_keeps_latest_rate_of_the_finished_batch():
+    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500)
+    c.on_submit(0.0)
+    run_batch(c, 0.0, 0.97, 1500)           # in [0.95, 1.0]
+    assert c.on_submit(1.0) == 1000         # the cap that batch was admitted with
+    assert c.last_case == 2
+
+
+def test_case2_window_edges_are_inclusive():
+    for proc in (0.95, 1.0):
+        c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500)
+        c.on_submit(0.0)
+        run_batch(c, 0.0, proc, 1500)
+        assert c.on_submit(1.0) == 1000 and c.last_case == 2
+    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500)
+    c.on_submit(0.0)
+    run_batch(c, 0.0, 0.94, 1500)
+    c.on_submit(1.0)
+    assert c.last_case == 1
+
+
+def test_formula8_three_batches_in_window_average_their_rates():
+    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500)
+    c.on_submit(0.0)
+    run_batch(c, 0.0, 0.96, 960)     # 1000/s
+    c.on_submit(1.0)
+    run_batch(c, 1.0, 0.98, 1176)    # 1200/s
+    c.on_submit(2.0)
+    run_batch(c, 2.0, 1.0, 1400)     # 1400/s
+    assert c.on_submit(3.0) == pytest.approx(1200)
+    assert c.last_case == 2
+
+
+def test_formula8_needs_all_three_in_window():
+    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500)
+    c.on_submit(0.0)
+    run_batch(c, 0.0, 0.5, 500)      # out of window
+    r1 = c.on_submit(1.0)
+    run_batch(c, 1.0, 0.98, 1176)
+    c.on_submit(2.0)
+    run_batch(c, 2.0, 1.0, 1400)
+    # only two in the window: keep the cap batch 3 ran with (the one submitted at 2.0)
+    assert c.on_submit(3.0) == pytest.approx(r1)
+
+
+# -- case 3: previous batch still running ------------------------------------------------------
+
+def test_case3_block_time_formula3():
+    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500)
+    assert c.block_time(submit_time=2.0, t_batchst=1.2) == pytest.approx(0.2)
+    assert c.block_time(submit_time=2.0, t_batchst=1.0) == pytest.approx(0.05)   # brelx
+    assert c.block_time(submit_time=2.5, t_batchst=1.0) == pytest.approx(0.05)
+
+
+def test_case3_pid_adds_kblock_blocktime():
+    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500, min_rate=10)
+    c.on_submit(0.0)                               # cap 1000
+    run_batch(c, 0.0, 1.2, 1200, wait=0.1)         # pr = 1000
+    c.on_batch_start(1.2)                          # the next batch starts late, still running at 2.0
+    rate = c.on_submit(2.0)
+    assert c.last_case == 3
+    block = 0.2
+    error = 1000 - 1200 / (1.2 + 0.3 * block)
+    hist = (0.1 + 0.3 * block) * 1000 / 1.0
+    assert rate == pytest.approx(1000 - error - 0.2 * hist)
+    # the same batch finishing: the running state clears
+    c.on_batch_end(batch(1.2, 1.0, 900))
+    c.on_submit(3.0)
+    assert c.last_case in (1, 2)
+
+
+def test_case3_rate_is_lower_than_case1_for_the_same_history():
+    a = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500, min_rate=10)
+    b = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500, min_rate=10)
+    for c in (a, b):
+        c.on_submit(0.0)
+        run_batch(c, 0.0, 1.2, 1200, wait=0.1)
+    b.on_batch_start(1.2)
+    assert b.on_submit(2.0) < a.on_submit(2.0)
+
+
+def test_submission_is_idempotent_without_news():
+    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500, min_rate=10)
+    c.on_submit(0.0)
+    run_batch(c, 0.0, 0.5, 1000)
+    r1 = c.on_submit(1.0)
+    assert c.on_submit(2.0) == r1
+    assert c.on_submit(3.0) == r1
+
+
+def test_latest_rate_is_the_cap_the_batch_ran_with():
+    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500, min_rate=10)
+    c.on_submit(0.0)
+    run_batch(c, 0.0, 0.5, 1000)
+    r1 = c.on_submit(1.0)        # 2000
+    run_batch(c, 1.0, 0.5, 2000)  # ran with cap r1, pr = 4000
+    # error = 2000 - 4000 -> new = 2000 + 2000
+    assert c.on_submit(2.0) == pytest.approx(r1 + 2000)
+
+
+def test_empty_batches_do_not_feed_the_pid_but_end_the_running_state():
+    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500, min_rate=10)
+    c.on_submit(0.0)
+    run_batch(c, 0.0, 0.5, 1000)
+    r1 = c.on_submit(1.0)
+    c.on_batch_start(1.0)
+    c.on_batch_end(batch(1.0, 0.1, 0))
+    assert c.on_submit(2.0) == r1 and c.last_case == 1
+
+
+def test_derivative_term_when_kd_set():
+    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500, min_rate=10)
+    c.kd = 0.5
+    c.on_submit(0.0)
+    run_batch(c, 0.0, 0.5, 1000)       # cap 1000, error_1 = -1000
+    r1 = c.on_submit(1.0)              # first PID: no previous error -> no dError
+    assert r1 == pytest.approx(2000)
+    run_batch(c, 1.0, 0.5, 1500)       # cap 2000, pr 3000, error = -1000
+    # dError = (-1000 - -1000) / (1.5 - 0.5) = 0
+    assert c.on_submit(2.0) == pytest.approx(3000)
+    run_batch(c, 2.0, 0.5, 1000)       # cap 3000, pr 2000, error = 1000
+    # dError = (1000 - (-1000)) / 1.0 = 2000 -> new = 3000 - 1000 - 0.5 * 2000
+    assert c.on_submit(3.0) == pytest.approx(1000)
+
+
+# -- DStream PID (Spark's PIDRateEstimator) -------------------------------------------------------
+
+def test_dstream_pid_first_run_only_records():
+    c = DStreamPIDController(1.0, 2, initial_rate_per_partition=500, min_rate=100)
+    assert c.on_submit(0.0) == 1000
+    c.on_batch_end(batch(0.0, 0.5, 1000))       # processingRate 2000: recorded, not published
+    assert c.on_submit(1.0) == 1000
+    assert c.latest_rate == 2000
+    c.on_batch_end(batch(1.0, 0.8, 1000, wait=0.2))   # pr 1250
+    # error = 2000 - 1250 = 750; hist = 0.2*1250/1 = 250; dError irrelevant (Kd=0)
+    assert c.on_submit(2.0) == pytest.approx(2000 - 750 - 0.2 * 250)
+
+
+def test_dstream_pid_ignores_empty_and_stale_batches():
+    c = DStreamPIDController(1.0, 2, initial_rate_per_partition=500)
+    c.on_batch_end(batch(0.0, 0.5, 0))
+    assert c.first_run
+    c.on_batch_end(batch(0.0, 0.5, 1000))
+    c.on_batch_end(batch(0.0, 0.5, 1000))       # same end time: stale
+    assert c.on_submit(1.0) == 1000
+
+
+def test_dstream_pid_min_rate_and_no_initial():
+    c = DStreamPIDController(1.0, 2, initial_rate_per_partition=None, min_rate=100)
+    assert c.on_submit(0.0) is None
+    c.on_batch_end(batch(0.0, 1.0, 1000))
+    c.on_batch_end(batch(1.0, 100.0, 10, wait=50.0))
+    assert c.on_submit(2.0) == 100
+
+
+def test_fixed_and_none():
+    f = FixedRateController(1.0, 4, rate_per_partition=250)
+    f.on_batch_end(batch(0, 5, 10))
+    assert f.on_submit(0.0) == 1000 and f.on_submit(9.0) == 1000
+    assert NoRateController().on_submit(0.0) is None
+
+
+def test_make_controller():
+    assert make_controller("doc001", 1.0, 2).name == "doc001"
+    assert make_controller("pid", 1.0, 2).name == "pid"
+    assert make_controller("fixed", 1.0, 2, fixed_rate_per_partition=5).on_submit(0) == 10
+    assert make_controller("none", 1.0, 2).on_submit(0) is None
+    with pytest.raises(ValueError):
+        make_controller("fixed", 1.0, 2)
+    with pytest.raises(ValueError):
+        make_controller("bogus", 1.0, 2)
