@@ -6,6 +6,7 @@ Prometheus will actually see: names, label sets, cumulative buckets.
 from __future__ import annotations
 
 import socket
+import time
 import urllib.error
 import urllib.request
 from types import SimpleNamespace
@@ -219,7 +220,9 @@ def test_from_config_off_and_on() -> None:
 
 
 def _port_is_free(port: int) -> bool:
+    """Whether a new exporter could bind it (HTTP servers set SO_REUSEADDR: TIME_WAIT is fine)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
@@ -239,7 +242,10 @@ async def test_service_serves_and_stop_closes_the_port() -> None:
         assert 'topo_queue_bytes{component="count",task="1",topology="wc"}' in body
         assert not _port_is_free(port)
     finally:
+        t0 = time.perf_counter()
         await svc.stop()
+        stop_s = time.perf_counter() - t0
+    assert stop_s < 0.3, "stop must not hold the topology's shutdown"
     assert _port_is_free(port)
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)

@@ -30,12 +30,16 @@ exporter off.
 """
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-from prometheus_client import CollectorRegistry, start_http_server
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.metrics_core import (CounterMetricFamily, GaugeMetricFamily,
                                             HistogramMetricFamily, Metric)
 from prometheus_client.registry import Collector
@@ -267,27 +271,46 @@ def make_registry(tasks: Callable[[], Sequence[TaskStats]],
     return registry, collector
 
 
+class _QuietHandler(WSGIRequestHandler):
+    """No access log: a scrape every second would flood the run's stderr."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return None
+
+
 class MetricsServer:
     """The HTTP endpoint (``/metrics``) for one registry, in a daemon thread.
+
+    Built from prometheus_client's WSGI app rather than ``start_http_server`` so the
+    serving loop polls every 50 ms: ``stop`` then returns at once instead of holding
+    a topology's shutdown for up to the default half second.
 
     ``port=0`` here means "any free port" (tests); the config's ``metrics.port: 0``
     means "off" and is handled by ``MetricsService.from_config``.
     """
+
+    POLL_S = 0.05
 
     def __init__(self, registry: CollectorRegistry, port: int = DEFAULT_PORT, host: str = "127.0.0.1") -> None:
         self.registry = registry
         self.host = host
         self.requested_port = port
         self.port: int | None = None
-        self._server: Any = None
+        self._server: ThreadingWSGIServer | None = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> int:
         """Bind and serve; returns the bound port."""
         if self._server is not None:
             raise RuntimeError("metrics server already started")
-        self._server, self._thread = start_http_server(self.requested_port, addr=self.host, registry=self.registry)
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        server_cls = type("_MetricsHTTPServer", (ThreadingWSGIServer,), {"address_family": family})
+        self._server = make_server(self.host, self.requested_port, make_wsgi_app(self.registry),
+                                   server_cls, handler_class=_QuietHandler)
         self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(self.POLL_S,),
+                                        name=f"metrics:{self.port}", daemon=True)
+        self._thread.start()
         return self.port
 
     def stop(self) -> None:
