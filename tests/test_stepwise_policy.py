@@ -1,0 +1,392 @@
+"""Document 000's steps 1-15 on the pure policy, with a fake clock."""
+from __future__ import annotations
+
+import pytest
+
+from backpressure.policy.stepwise import (LIGHT, NORMAL, OVERLOADED, Downstream, StepwiseParams,
+                                          Throttle, UpstreamView, max_steps)
+from backpressure.signals import BACKPRESSURE, RELEASE, Signal, SignalError, TaskState
+
+P = StepwiseParams(step=0.5, high_mark=50_000_000, low_mark=500_000, sensitivity=2.0, rate_floor=1.0)
+HIGH, LOW, MID = 50_000_000, 500_000, 10_000_000
+
+
+class World:
+    """Downstreams and throttles wired directly: a signal is applied and acknowledged at once."""
+
+    def __init__(self, params: StepwiseParams = P, rates: dict[int, float] | None = None) -> None:
+        self.params = params
+        self.rates = rates or {}
+        self.throttles: dict[int, Throttle] = {}
+        self.sent: list[Signal] = []
+
+    def throttle(self, u: int) -> Throttle:
+        return self.throttles.setdefault(u, Throttle(u, self.params))
+
+    def view(self, u: int) -> UpstreamView:
+        th = self.throttle(u)
+        return UpstreamView(th.k, th.at_floor, dict(th.applied))
+
+    def check(self, d: Downstream, now: float, q: int, deliver: bool = True) -> list[Signal]:
+        d.observe(now, q)
+        out = d.check(now, q, self.view)
+        self.sent += out
+        if deliver:
+            for s in out:
+                self.throttle(s.target).on_signal(s, self.rates.get(s.target, 20_000.0))
+        return out
+
+
+# -- step 3-8: overload steps each direct upstream down by v' -------------------------------------
+
+def test_overload_steps_every_direct_upstream_down_once_and_records_originv() -> None:
+    w = World(rates={1: 20_000.0, 2: 8_000.0})
+    d = Downstream(10, [1, 2], P, now=0.0)
+    sigs = w.check(d, 0.0, HIGH)
+    assert [(s.kind, s.target, s.source, s.k) for s in sigs] == [(BACKPRESSURE, 1, 10, 1), (BACKPRESSURE, 2, 10, 1)]
+    assert d.level == OVERLOADED
+    assert w.throttles[1].rate == 10_000.0 and w.throttles[1].originv == 20_000.0
+    assert w.throttles[2].rate == 4_000.0 and w.throttles[2].originv == 8_000.0
+    assert w.throttles[1].backpressure and w.throttles[2].backpressure
+
+
+def test_originv_is_recorded_on_the_first_step_only() -> None:
+    w = World(rates={1: 20_000.0})
+    d = Downstream(10, [1], P, now=0.0)
+    w.check(d, 0.0, HIGH)
+    w.rates[1] = 9_999.0              # the observed rate falls once throttled
+    w.check(d, 2.0, HIGH)
+    assert w.throttles[1].originv == 20_000.0
+    assert w.throttles[1].k == 2 and w.throttles[1].rate == 5_000.0
+
+
+def test_queue_exactly_at_high_mark_is_overloaded_and_just_under_is_not() -> None:
+    w = World()
+    assert w.check(Downstream(10, [1], P, 0.0), 0.0, HIGH) != []
+    assert w.check(Downstream(11, [2], P, 0.0), 0.0, HIGH - 1) == []
+
+
+def test_only_direct_upstreams_are_signalled() -> None:
+    # spout 1 -> bolt 2 -> bolt 3: bolt 3 overloaded steps bolt 2, never the spout.
+    w = World()
+    sigs = w.check(Downstream(3, [2], P, 0.0), 0.0, HIGH)
+    assert {s.target for s in sigs} == {2}
+    assert 1 not in w.throttles
+
+
+# -- step 6: an upstream mid-step is not stepped again -------------------------------------------
+
+def test_upstream_mid_step_is_not_stepped_twice() -> None:
+    w = World()
+    d = Downstream(10, [1], P, now=0.0)
+    first = w.check(d, 0.0, HIGH, deliver=False)      # signalled, not yet applied
+    assert len(first) == 1 and d.mid_step(1)
+    assert w.check(d, 2.0, HIGH, deliver=False) == []  # still unacknowledged: no second step
+    assert w.check(d, 3.9, HIGH, deliver=False) == []
+    # now the upstream applies and acknowledges it
+    w.throttle(1).on_signal(first[0], 20_000.0)
+    again = w.check(d, 6.0, HIGH)
+    assert [s.k for s in again] == [2]
+    assert w.throttles[1].k == 2
+
+
+def test_unacknowledged_signal_is_resent_unchanged_after_resend_after() -> None:
+    w = World()
+    d = Downstream(10, [1], P, now=0.0)
+    (first,) = w.check(d, 0.0, HIGH, deliver=False)
+    assert w.check(d, 2.0, HIGH, deliver=False) == []
+    (resent,) = w.check(d, 4.0, HIGH, deliver=False)        # resend_after = 2 x sensitivity
+    assert resent == first
+    th = w.throttle(1)
+    th.on_signal(first, 100.0)
+    assert th.on_signal(resent, 100.0) is None              # the duplicate changes nothing
+    assert th.k == 1
+
+
+def test_two_downstreams_overloaded_in_the_same_round_step_the_upstream_once() -> None:
+    w = World()
+    a, b = Downstream(10, [1], P, 0.0), Downstream(11, [1], P, 0.0)
+    sa = w.check(a, 0.0, HIGH, deliver=False)
+    sb = w.check(b, 0.0, HIGH, deliver=False)
+    th = w.throttle(1)
+    for s in sa + sb:
+        th.on_signal(s, 20_000.0)
+    assert th.k == 1 and th.rate == 10_000.0
+
+
+# -- checks at most once per sensitivity ----------------------------------------------------------
+
+def test_checks_are_at_most_once_per_sensitivity_while_overloaded() -> None:
+    d = Downstream(10, [1], P, now=0.0)
+    assert d.observe(0.0, HIGH)            # crossing after a non-overloaded check: at once
+    d.check(0.0, HIGH, lambda u: None)
+    assert not d.observe(0.5, HIGH)
+    assert not d.observe(1.999, HIGH)
+    assert d.observe(2.0, HIGH)
+
+
+def test_a_fresh_crossing_is_checked_at_once() -> None:
+    d = Downstream(10, [1], P, now=0.0)
+    d.check(0.0, MID, lambda u: None)
+    assert d.level == NORMAL
+    assert not d.observe(0.1, MID)
+    assert d.observe(0.2, HIGH)
+
+
+# -- steps 9-15: release after the low mark held for sensitivity ----------------------------------
+
+def test_no_release_before_the_low_mark_has_held_for_the_whole_sensitivity() -> None:
+    w = World()
+    d = Downstream(10, [1], P, now=0.0)
+    w.check(d, 0.0, HIGH)
+    assert w.check(d, 2.0, LOW) == []          # low since 2.0
+    assert w.check(d, 3.999, LOW) == []
+    d.observe(3.0, LOW + 1)                    # one observation over the low mark resets the window
+    assert w.check(d, 4.0, LOW) == []          # low since 4.0 again
+    assert w.check(d, 5.999, LOW) == []
+    (rel,) = w.check(d, 6.0, LOW)
+    assert (rel.kind, rel.k) == (RELEASE, 0)
+    assert d.level == LIGHT
+    assert w.throttles[1].rate is None and not w.throttles[1].backpressure
+
+
+def test_between_the_marks_nothing_is_sent() -> None:
+    w = World()
+    d = Downstream(10, [1], P, now=0.0)
+    w.check(d, 0.0, HIGH)
+    for t in range(1, 20):
+        assert w.check(d, 2.0 * t, MID) == []
+    assert w.throttles[1].k == 1
+
+
+def test_release_steps_up_by_one_over_v_prime_each_light_window() -> None:
+    w = World(rates={1: 20_000.0})
+    d = Downstream(10, [1], P, now=0.0)
+    for i in range(3):
+        w.check(d, 2.0 * i, HIGH)
+    th = w.throttles[1]
+    assert th.k == 3 and th.rate == 2_500.0
+    rates = []
+    t = 10.0
+    d.observe(t, LOW)
+    while th.backpressure:
+        t += 0.5
+        w.check(d, t, LOW)
+        rates.append(th.rate)
+    assert rates == [2_500.0, 2_500.0, 2_500.0, 5_000.0, 5_000.0, 5_000.0, 5_000.0, 10_000.0,
+                     10_000.0, 10_000.0, 10_000.0, None]
+
+
+@pytest.mark.parametrize("step", [0.5, 0.3, 0.7, 0.9, 1 / 3])
+@pytest.mark.parametrize("originv", [20_000.0, 12_345.678, 1e6 / 7, 3.0])
+def test_n_steps_down_then_n_up_returns_exactly_originv(step: float, originv: float) -> None:
+    params = StepwiseParams(step=step, high_mark=HIGH, low_mark=LOW, sensitivity=2.0, rate_floor=1e-9)
+    w = World(params, rates={1: originv})
+    d = Downstream(10, [1], params, now=0.0)
+    seen = []
+    t = 0.0
+    for _ in range(12):
+        w.check(d, t, HIGH)
+        seen.append(w.throttles[1].rate)
+        t += 2.0
+    th = w.throttles[1]
+    assert th.k == 12
+    up = []
+    d.observe(t, LOW)
+    while th.k > 0:
+        t += 2.0
+        w.check(d, t, LOW)
+        up.append(th.nominal_rate)
+    # On the way back each rate is bit-identical to the one on the way down.
+    assert up[:-1] == list(reversed(seen[:-1]))
+    assert th.k == 0 and th.rate is None and not th.backpressure
+    restored = originv * step ** 0
+    assert restored == originv                     # ==, not approx
+    assert up[-1] == originv
+
+
+# -- several downstreams ------------------------------------------------------------------------
+
+def test_upstream_is_not_released_while_any_downstream_still_holds_it() -> None:
+    w = World(rates={1: 16_000.0})
+    a, b = Downstream(10, [1], P, 0.0), Downstream(11, [1], P, 0.0)
+    w.check(a, 0.0, HIGH)                # a: 1
+    w.check(b, 1.0, HIGH)                # b: max(0, 1) + 1 = 2
+    th = w.throttles[1]
+    assert th.holds == {10: 1, 11: 2} and th.k == 2
+    w.check(b, 3.0, LOW)
+    w.check(b, 5.0, LOW)                 # b releases one step: 2 -> 1
+    assert th.k == 1 and th.backpressure
+    w.check(b, 7.0, LOW)                 # b releases its last step; a still holds one
+    assert th.holds == {10: 1} and th.k == 1 and th.rate == 8_000.0 and th.backpressure
+    w.check(b, 9.0, LOW)
+    w.check(b, 11.0, LOW)                # b holds nothing: sends nothing
+    assert th.k == 1
+    w.check(a, 2.0, LOW)
+    w.check(a, 4.0, LOW)
+    assert th.k == 0 and th.rate is None and not th.backpressure
+
+
+def test_a_light_downstream_does_not_release_steps_it_does_not_hold() -> None:
+    w = World()
+    a, b = Downstream(10, [1], P, 0.0), Downstream(11, [1], P, 0.0)
+    w.check(a, 0.0, HIGH)
+    w.check(b, 0.0, LOW)
+    assert w.check(b, 2.0, LOW) == []
+    assert w.throttles[1].k == 1
+
+
+def test_a_step_on_top_of_another_downstreams_hold_goes_one_below_the_current_rate() -> None:
+    w = World(rates={1: 16_000.0})
+    a, b = Downstream(10, [1], P, 0.0), Downstream(11, [1], P, 0.0)
+    for i in range(3):
+        w.check(a, 2.0 * i, HIGH)
+    assert w.throttles[1].k == 3
+    (s,) = w.check(b, 6.0, HIGH)
+    assert s.k == 4 and w.throttles[1].rate == 1_000.0
+
+
+def test_gone_downstream_releases_its_hold() -> None:
+    w = World()
+    a, b = Downstream(10, [1], P, 0.0), Downstream(11, [1], P, 0.0)
+    w.check(a, 0.0, HIGH)
+    w.check(b, 1.0, HIGH)
+    th = w.throttles[1]
+    assert th.forget(11, 0.0) is not None and th.k == 1
+    assert th.forget(10, 0.0) is not None and th.k == 0 and th.rate is None
+
+
+def test_release_all_lets_go_of_every_hold() -> None:
+    w = World()
+    d = Downstream(10, [1, 2], P, 0.0)
+    w.check(d, 0.0, HIGH)
+    sigs = d.release_all(1.0)
+    assert {(s.target, s.k, s.kind) for s in sigs} == {(1, 0, RELEASE), (2, 0, RELEASE)}
+    for s in sigs:
+        w.throttle(s.target).on_signal(s, 0.0)
+    assert all(th.k == 0 and th.rate is None for th in w.throttles.values())
+
+
+# -- idempotence, ordering, reconciliation ---------------------------------------------------------
+
+def test_duplicate_and_reordered_signals_change_nothing() -> None:
+    th = Throttle(1, P)
+    s1 = Signal(BACKPRESSURE, 1, 10, 1, 5, 0.0)
+    s2 = Signal(BACKPRESSURE, 1, 10, 2, 6, 2.0)
+    assert th.on_signal(s2, 100.0) is not None
+    assert th.on_signal(s1, 100.0) is None       # older: ignored
+    assert th.on_signal(s2, 100.0) is None       # duplicate: ignored
+    assert th.k == 2
+
+
+def test_signal_for_another_task_is_not_applied() -> None:
+    th = Throttle(1, P)
+    assert th.on_signal(Signal(BACKPRESSURE, 2, 10, 1, 1, 0.0), 100.0) is None
+    assert th.k == 0
+
+
+def test_lost_release_is_repaired_by_the_downstreams_state() -> None:
+    th = Throttle(1, P)
+    th.on_signal(Signal(BACKPRESSURE, 1, 10, 1, 1, 0.0), 100.0)
+    # the RELEASE (seq 2) is lost; the downstream's next state says it holds nothing as of seq 2
+    change = th.reconcile(10, 0, 2, 100.0)
+    assert change is not None and change.rate is None and th.k == 0
+    assert th.applied[10] == 2
+    # the lost message shows up late: stale, ignored
+    assert th.on_signal(Signal(RELEASE, 1, 10, 0, 2, 1.0), 100.0) is None
+
+
+def test_older_state_does_not_undo_a_newer_signal() -> None:
+    th = Throttle(1, P)
+    th.on_signal(Signal(BACKPRESSURE, 1, 10, 1, 7, 0.0), 100.0)
+    assert th.reconcile(10, 0, 6, 100.0) is None
+    assert th.k == 1
+
+
+def test_acknowledgement_through_reconcile_ends_mid_step() -> None:
+    d = Downstream(10, [1], P, 0.0)
+    th = Throttle(1, P)
+    (s,) = d.check(0.0, HIGH, lambda u: None)
+    th.reconcile(10, d.holds[1], d.seq, 100.0)            # the signal was lost, the state arrived
+    assert s.seq <= th.applied[10] and th.k == 1
+    (s2,) = d.check(2.0, HIGH, lambda u: UpstreamView(th.k, th.at_floor, th.applied))
+    assert s2.k == 2                      # acknowledged, so the next step went out
+    th.on_signal(s2, 100.0)
+    assert th.k == 2
+
+
+# -- the rate floor -----------------------------------------------------------------------------
+
+def test_rate_floor_stops_the_steps() -> None:
+    params = StepwiseParams(step=0.5, high_mark=HIGH, low_mark=LOW, sensitivity=2.0, rate_floor=100.0)
+    w = World(params, rates={1: 1_000.0})
+    d = Downstream(10, [1], params, 0.0)
+    for i in range(10):
+        w.check(d, 2.0 * i, HIGH)
+    th = w.throttles[1]
+    assert th.k == 3 and th.rate == 125.0 and th.at_floor
+    assert th.rate >= 100.0
+    assert d.holds[1] == 3                      # it stopped asking at the floor
+    t = 20.0
+    d.observe(t, LOW)
+    while th.backpressure:
+        t += 2.0
+        w.check(d, t, LOW)
+    assert t == 26.0 and th.rate is None       # three steps back up
+
+
+def test_upstream_already_under_the_floor_cannot_be_stepped() -> None:
+    params = StepwiseParams(step=0.5, high_mark=HIGH, low_mark=LOW, sensitivity=2.0, rate_floor=100.0)
+    th = Throttle(1, params)
+    assert th.on_signal(Signal(BACKPRESSURE, 1, 10, 1, 1, 0.0), 50.0) is None
+    assert th.k == 0 and th.rate is None and th.at_floor and not th.backpressure
+    assert th.on_signal(Signal(RELEASE, 1, 10, 0, 2, 1.0), 50.0) is None
+    assert not th.at_floor and not th.in_episode
+
+
+def test_max_steps() -> None:
+    assert max_steps(1000.0, 0.5, 100.0) == 3
+    assert max_steps(99.0, 0.5, 100.0) == 0
+    assert max_steps(100.0, 0.5, 100.0) == 0
+    assert max_steps(200.0, 0.5, 100.0) == 1
+
+
+def test_params_validation_and_config() -> None:
+    with pytest.raises(ValueError):
+        StepwiseParams(step=1.0)
+    with pytest.raises(ValueError):
+        StepwiseParams(high_mark=10, low_mark=10)
+    from topo.config import resolve
+
+    p = StepwiseParams.from_config(resolve({"backpressure.step": 0.25, "backpressure.sensitivity_ms": 500}))
+    assert p.step == 0.25 and p.sensitivity == 0.5 and p.high_mark == 50_000_000 and p.low_mark == 500_000
+
+
+# -- the records --------------------------------------------------------------------------------
+
+def test_signal_and_state_round_trip() -> None:
+    s = Signal(BACKPRESSURE, 3, 7, 2, 99, 1.5)
+    assert Signal.decode(s.encode()) == s
+    st = TaskState(task=3, component="spout", spout=True, rate=5000.0, originv=20000.0, k=2,
+                   backpressure=True, queue_bytes=12, high_mark=HIGH, low_mark=LOW,
+                   holds={1: 2}, seq=4, applied={7: 99}, version=(5, 6), ts=1.0)
+    assert TaskState.decode(st.encode()) == st
+
+
+@pytest.mark.parametrize("payload", [
+    b"", b"\xc1", b"not msgpack at all", b"\x93\x01\x02\x03",
+    Signal(BACKPRESSURE, 3, 7, 2, 99, 1.5).encode()[:-3],
+    b"\x86\xa6signal\xa4NOPE\xa6target\x01\xa6source\x02\xa1k\x01\xa3seq\x01\xa2ts\x00",
+    b"\x86\xa6signal\xacBACKPRESSURE\xa6target\xc3\xa6source\x02\xa1k\x01\xa3seq\x01\xa2ts\x00",
+    b"\x86\xa6signal\xacBACKPRESSURE\xa6target\x01\xa6source\x02\xa1k\xff\xa3seq\x01\xa2ts\x00",
+    b"\x00" * 70_000,
+])
+def test_malformed_signal_payloads_raise_signal_error(payload: bytes) -> None:
+    with pytest.raises(SignalError):
+        Signal.decode(payload)
+
+
+def test_state_decode_is_bounded() -> None:
+    st = TaskState(task=1, holds={i: 1 for i in range(5000)})
+    with pytest.raises(SignalError):
+        TaskState.decode(st.encode())
