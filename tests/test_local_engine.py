@@ -115,9 +115,10 @@ def test_engine_sizes_each_tuple_by_its_msgpack_encoding():
     spout_task = engine.tasks[0]
     values = [[7, "k7"], [123456, "k6"], [2**40, "k0"]]
     for v in values:
-        spout_task.outbox.push(engine.task_ids["hold"][0], None, spout_task.outbox.size_of(v, "default"))
-    target = engine.task_ids["hold"][0]
-    assert spout_task.outbox.pending_bytes[target] == sum(len(msgpack.packb(v)) for v in values)
+        spout_task.outbox.fast["default"](v, 0.0)
+    lane = spout_task.outbox.lanes[engine.task_ids["hold"][0]]
+    assert lane.bytes == sum(len(msgpack.packb(v)) for v in values)
+    assert [t.values for t in lane.batch] == values
 
 
 async def test_put_waits_at_the_hard_bound_and_resumes():

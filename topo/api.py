@@ -26,8 +26,7 @@ class EndOfStream(Exception):
 class Tuple:
     """One tuple as a bolt sees it: values addressed by position or by field name."""
 
-    __slots__ = ("values", "fields", "stream", "source_component", "source_task", "anchors", "born",
-                 "ackval")
+    __slots__ = ("values", "origin", "anchors", "born", "ackval")
 
     def __init__(
         self,
@@ -40,34 +39,75 @@ class Tuple:
         born: float = 0.0,
     ) -> None:
         self.values = values
-        self.fields = fields
-        self.stream = stream
-        self.source_component = source_component
-        self.source_task = source_task
-        # root id -> edge id of this tuple in the XOR ledger; None when acking is off.
+        self.origin = Origin(fields, stream, source_component, source_task)
+        # root id -> edge id of this tuple in the XOR ledger; None when untracked.
         self.anchors = anchors
         # perf_counter() of the spout emit this tuple descends from (latency metrics).
         self.born = born
         # XOR of the edge ids of tuples anchored to this one (Storm's ack value).
         self.ackval = 0
 
+    @property
+    def fields(self) -> "FieldIndex":
+        return self.origin.fields
+
+    @property
+    def stream(self) -> str:
+        return self.origin.stream
+
+    @property
+    def source_component(self) -> str:
+        return self.origin.component
+
+    @property
+    def source_task(self) -> int:
+        return self.origin.task
+
     def __getitem__(self, key: int | str) -> Any:
         if isinstance(key, str):
-            return self.values[self.fields.index[key]]
+            return self.values[self.origin.fields.index[key]]
         return self.values[key]
 
     def __len__(self) -> int:
         return len(self.values)
 
     def get(self, name: str, default: Any = None) -> Any:
-        i = self.fields.index.get(name)
+        i = self.origin.fields.index.get(name)
         return default if i is None else self.values[i]
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(zip(self.fields.names, self.values))
+        return dict(zip(self.origin.fields.names, self.values))
 
     def __repr__(self) -> str:
         return f"Tuple({self.source_component}:{self.stream} {self.as_dict()!r})"
+
+
+class WireTuple(Tuple):
+    """The engine's constructor: the per-stream facts come as one shared ``Origin``.
+
+    Building a tuple is on the hot path of every emit; sharing the origin keeps it
+    to a handful of attribute stores.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, values: Sequence[Any], origin: "Origin", anchors: dict[int, int] | None,
+                 born: float) -> None:
+        self.values = values
+        self.origin = origin
+        self.anchors = anchors
+        self.born = born
+        self.ackval = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where tuples of one stream come from: shared by every tuple of that stream and task."""
+
+    fields: "FieldIndex"
+    stream: str
+    component: str
+    task: int
 
 
 @dataclass(frozen=True)

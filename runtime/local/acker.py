@@ -32,7 +32,9 @@ class Acker:
     """Ledger of in-flight roots; ``on_outcome`` is told of each completion or failure."""
 
     def __init__(self, on_outcome: Outcome, timeout_s: float) -> None:
-        self._ledger: dict[int, _Entry] = {}
+        # Public so the bolt's ack loop can XOR in place without a call per edge.
+        self.ledger: dict[int, _Entry] = {}
+        self._ledger = self.ledger
         self._on_outcome = on_outcome
         self.timeout_s = timeout_s
 
@@ -54,8 +56,12 @@ class Acker:
             return  # already failed or timed out: late acks are ignored, as in Storm
         e.xor ^= value
         if e.xor == 0:
-            del self._ledger[root]
-            self._on_outcome(e.owner, root, True, "")
+            self.complete(root, e)
+
+    def complete(self, root: int, e: _Entry) -> None:
+        """The ledger of ``root`` reached zero: the tree is fully processed."""
+        del self._ledger[root]
+        self._on_outcome(e.owner, root, True, "")
 
     def fail(self, root: int, reason: str) -> None:
         e = self._ledger.pop(root, None)

@@ -175,7 +175,7 @@ class LocalEngine:
                     t.last_tick = now
                     t.queue.put_marker(TICK)
             if self.acker is not None:
-                self.acker.expire(now)
+                self.acker.expire(time.perf_counter())  # the acker runs on perf_counter time
 
     async def run(self, duration: float | None = None, max_tuples: int | None = None,
                   handle_signals: bool = False) -> RunResult:

@@ -1,21 +1,25 @@
 """Routing and batching of one task's emits.
 
-``emit`` is synchronous and cheap: it sizes the tuple (its msgpack encoding is its
-wire size), asks each subscribed edge's router for the target task, and appends to
-that target's pending batch. ``flush`` moves pending batches into the targets'
-byte-bounded queues, waiting where a queue is full. Batches travel between tasks
-(Storm 2's batching) because a queue hop costs about as much as a small tuple's
-whole processing; spouts and bolts still see one tuple at a time.
+Emitting is synchronous and cheap: the tuple is sized (its msgpack encoding is its
+wire size), each subscribed edge's router picks the target task, and the tuple is
+appended to that target's *lane* (its pending batch). ``flush`` moves the lanes'
+batches into the targets' byte-bounded queues, waiting where a queue is full.
+Batches travel between tasks (Storm 2's batching) because a queue hop costs about
+as much as a small tuple's whole processing; spouts and bolts still see one tuple
+at a time.
+
+Per declared stream the outbox builds one emit function with everything it needs
+bound as locals: this is the innermost loop of the runtime.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import msgpack
 
-from topo.api import FieldIndex, Tuple
+from topo.api import FieldIndex, Origin, Tuple, WireTuple
 from topo.groupings import Router
 from runtime.local.queue import ByteQueue
 
@@ -30,14 +34,32 @@ class UnknownStreamError(ValueError):
 
 @dataclass
 class StreamRoutes:
-    """Everything ``emit`` needs for one declared stream of the emitting component."""
+    """What the outbox needs for one declared stream of the emitting component."""
 
     fields: FieldIndex
     routers: list[Router]
 
 
+class Lane:
+    """The pending batch for one target task."""
+
+    __slots__ = ("target", "batch", "bytes")
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.batch: list[Tuple] = []
+        self.bytes = 0
+
+
+# emit(values, born) for untracked tuples.
+FastEmit = Callable[[Sequence[Any], float], None]
+# emit(values, roots, parents, born, getrandbits) -> XOR of new edge ids, for tracked ones;
+# ``roots`` is any iterable of root ids (an anchors dict works: its keys are the roots).
+TrackedEmit = Callable[[Sequence[Any], Sequence[int], Sequence[Tuple] | None, float, Callable[[int], int]], int]
+
+
 class Outbox:
-    """Pending batches of one task, keyed by target task id."""
+    """Pending lanes of one task, and the per-stream emit functions that fill them."""
 
     def __init__(self, component: str, task_id: int, streams: dict[str, StreamRoutes],
                  queues: dict[int, ByteQueue], batch_size: int, flush_interval_s: float) -> None:
@@ -47,19 +69,33 @@ class Outbox:
         self.queues = queues
         self.batch_size = batch_size
         self.flush_interval_s = flush_interval_s
-        self.pending: dict[int, list[Tuple]] = {}
-        self.pending_bytes: dict[int, int] = {}
+        self.lanes: dict[int, Lane] = {}
         self.pending_count = 0
-        self.first_pending_at = 0.0
+        self.last_flush_at = time.monotonic()
         self._pack = msgpack.Packer(autoreset=True).pack
+        self.fast: dict[str, FastEmit] = {}
+        self.tracked: dict[str, TrackedEmit] = {}
+        for stream, routes in streams.items():
+            self.fast[stream] = self._make_fast(stream, routes)
+            self.tracked[stream] = self._make_tracked(stream, routes)
+
+    def _lane(self, target: int) -> Lane:
+        lane = self.lanes.get(target)
+        if lane is None:
+            lane = self.lanes[target] = Lane(target)
+        return lane
 
     def size_of(self, values: Sequence[Any], stream: str) -> int:
         """Wire size of ``values``; a clear error naming component and field if unencodable."""
+        fields = self.streams[stream].fields.names
+        if len(values) != len(fields):
+            raise UnknownStreamError(
+                f"component {self.component!r} emitted {len(values)} values on stream {stream!r}, "
+                f"which declares {len(fields)} fields {list(fields)}")
         try:
             return len(self._pack(values))
         except (TypeError, ValueError, OverflowError) as e:
-            names = self.streams[stream].fields.names
-            for name, v in zip(names, values):
+            for name, v in zip(fields, values):
                 try:
                     self._pack(v)
                 except (TypeError, ValueError, OverflowError):
@@ -69,43 +105,131 @@ class Outbox:
                         f"{type(v).__name__} {v!r:.80}") from None
             raise TupleEncodingError(f"component {self.component!r}: cannot encode {values!r:.80}: {e}") from None
 
-    def routes(self, stream: str, values: Sequence[Any]) -> StreamRoutes:
-        r = self.streams.get(stream)
-        if r is None:
-            raise UnknownStreamError(
-                f"component {self.component!r} emitted on stream {stream!r}, which it does not declare "
-                f"(declared: {sorted(self.streams)})")
-        if len(values) != len(r.fields.names):
-            raise UnknownStreamError(
-                f"component {self.component!r} emitted {len(values)} values on stream {stream!r}, "
-                f"which declares {len(r.fields.names)} fields {list(r.fields.names)}")
-        return r
+    def unknown_stream(self, stream: str) -> UnknownStreamError:
+        return UnknownStreamError(
+            f"component {self.component!r} emitted on stream {stream!r}, which it does not declare "
+            f"(declared: {sorted(self.streams)})")
 
-    def push(self, target: int, tup: Tuple, size: int) -> None:
-        batch = self.pending.get(target)
-        if batch is None:
-            self.pending[target] = [tup]
-            self.pending_bytes[target] = size
-            if self.pending_count == 0:
-                self.first_pending_at = time.monotonic()
-        else:
-            batch.append(tup)
-            self.pending_bytes[target] += size
-        self.pending_count += 1
+    def _make_fast(self, stream: str, routes: StreamRoutes) -> FastEmit:
+        origin = Origin(routes.fields, stream, self.component, self.task_id)
+        nfields = len(routes.fields.names)
+        pack = self._pack
+        size_of = self.size_of
+        outbox = self
+        plan = [(r.broadcast, [self._lane(t) for t in r.targets], r.select) for r in routes.routers]
+        if len(plan) == 1 and not plan[0][0]:
+            _, lanes, select = plan[0]
+            if len(lanes) == 1:
+                only = lanes[0]
+
+                def emit_one_target(values: Sequence[Any], born: float) -> None:
+                    try:
+                        if len(values) != nfields:
+                            raise ValueError
+                        size = len(pack(values))
+                    except (TypeError, ValueError, OverflowError):
+                        size = size_of(values, stream)  # raises the precise error
+                    only.batch.append(WireTuple(values, origin, None, born))
+                    only.bytes += size
+                    outbox.pending_count += 1
+
+                return emit_one_target
+
+            def emit_routed(values: Sequence[Any], born: float) -> None:
+                try:
+                    if len(values) != nfields:
+                        raise ValueError
+                    size = len(pack(values))
+                except (TypeError, ValueError, OverflowError):
+                    size = size_of(values, stream)
+                lane = lanes[select(values)]
+                lane.batch.append(WireTuple(values, origin, None, born))
+                lane.bytes += size
+                outbox.pending_count += 1
+
+            return emit_routed
+
+        def emit_general(values: Sequence[Any], born: float) -> None:
+            size = size_of(values, stream)
+            tup = WireTuple(values, origin, None, born)
+            n = 0
+            for broadcast, lanes, select in plan:
+                for lane in (lanes if broadcast else (lanes[select(values)],)):
+                    lane.batch.append(tup)
+                    lane.bytes += size
+                    n += 1
+            outbox.pending_count += n
+
+        return emit_general
+
+    def _make_tracked(self, stream: str, routes: StreamRoutes) -> TrackedEmit:
+        origin = Origin(routes.fields, stream, self.component, self.task_id)
+        nfields = len(routes.fields.names)
+        pack = self._pack
+        size_of = self.size_of
+        outbox = self
+        fromkeys = dict.fromkeys
+        plan = [(r.broadcast, [self._lane(t) for t in r.targets], r.select) for r in routes.routers]
+        if len(plan) == 1 and not plan[0][0]:
+            _, lanes, select = plan[0]
+
+            def emit_tracked_routed(values: Sequence[Any], roots: Sequence[int], parents: Sequence[Tuple] | None,
+                                    born: float, getrandbits: Callable[[int], int]) -> int:
+                try:
+                    if len(values) != nfields:
+                        raise ValueError
+                    size = len(pack(values))
+                except (TypeError, ValueError, OverflowError):
+                    size = size_of(values, stream)
+                edge = getrandbits(64) or 1
+                lane = lanes[select(values)]
+                lane.batch.append(WireTuple(values, origin, fromkeys(roots, edge), born))
+                lane.bytes += size
+                outbox.pending_count += 1
+                if parents:
+                    for p in parents:
+                        p.ackval ^= edge
+                return edge
+
+            return emit_tracked_routed
+
+        def emit_tracked(values: Sequence[Any], roots: Sequence[int], parents: Sequence[Tuple] | None,
+                         born: float, getrandbits: Callable[[int], int]) -> int:
+            """Every edge (tuple x target) gets its own id in the XOR ledger."""
+            size = size_of(values, stream)
+            edges = 0
+            for broadcast, lanes, select in plan:
+                for lane in (lanes if broadcast else (lanes[select(values)],)):
+                    edge = getrandbits(64) or 1
+                    edges ^= edge
+                    lane.batch.append(WireTuple(values, origin, fromkeys(roots, edge), born))
+                    lane.bytes += size
+                    outbox.pending_count += 1
+                    if parents:
+                        for p in parents:
+                            p.ackval ^= edge
+            return edges
+
+        return emit_tracked
 
     def due(self) -> bool:
-        """Whether the pending batches should go now (full, or waited past the interval)."""
+        """Whether pending batches should go now: a full batch, or the interval has passed."""
         n = self.pending_count
-        return n >= self.batch_size or (n > 0 and time.monotonic() - self.first_pending_at >= self.flush_interval_s)
+        return n >= self.batch_size or (n > 0 and time.monotonic() - self.last_flush_at >= self.flush_interval_s)
 
     async def flush(self) -> int:
         """Send every pending batch; returns nanoseconds spent waiting for queue room."""
+        self.last_flush_at = time.monotonic()
         if not self.pending_count:
             return 0
-        pending, sizes = self.pending, self.pending_bytes
-        self.pending, self.pending_bytes, self.pending_count = {}, {}, 0
+        self.pending_count = 0
         waited = 0
         queues = self.queues
-        for target, batch in pending.items():
-            waited += await queues[target].put(batch, sizes[target])
+        for lane in self.lanes.values():
+            batch = lane.batch
+            if batch:
+                nbytes = lane.bytes
+                lane.batch = []
+                lane.bytes = 0
+                waited += await queues[lane.target].put(batch, nbytes)
         return waited

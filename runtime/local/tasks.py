@@ -78,6 +78,7 @@ class _TaskBase:
     async def _send(self, emitted: int) -> None:
         """After a user call that emitted ``emitted`` tuples: honour the rate, flush if due."""
         stats = self.stats
+        stats.emitted += emitted
         if emitted and self.limiter.rate is not None:
             delay = self.limiter.reserve(emitted)
             if delay >= _MIN_SLEEP_S:
@@ -88,38 +89,6 @@ class _TaskBase:
                 stats.backpressured_ns += time.perf_counter_ns() - t0
         if self.outbox.due():
             stats.backpressured_ns += await self.outbox.flush()
-
-    def _emit_one(self, values: Sequence[Any], stream: str, anchors: dict[int, int] | None,
-                  parents: Sequence[Tuple] | None, born: float) -> int:
-        """Route one emitted tuple; returns the XOR of the new edge ids (0 if untracked)."""
-        outbox = self.outbox
-        routes = outbox.routes(stream, values)
-        size = outbox.size_of(values, stream)
-        self.stats.emitted += 1
-        if anchors is None:
-            tup = Tuple(values, routes.fields, stream, self.component, self.task_id, None, born)
-            for r in routes.routers:
-                if r.broadcast:
-                    for target in r.targets:
-                        outbox.push(target, tup, size)
-                else:
-                    outbox.push(r.targets[r.select(values)], tup, size)
-            return 0
-        # Tracked: every edge (tuple x target) gets its own id in the XOR ledger.
-        edges = 0
-        getrandbits = self.rng.getrandbits
-        for r in routes.routers:
-            targets = r.targets if r.broadcast else (r.targets[r.select(values)],)
-            for target in targets:
-                edge = getrandbits(64) or 1
-                edges ^= edge
-                tup = Tuple(values, routes.fields, stream, self.component, self.task_id,
-                            {root: edge for root in anchors}, born)
-                outbox.push(target, tup, size)
-                if parents:
-                    for p in parents:
-                        p.ackval ^= edge
-        return edges
 
 
 @dataclass(slots=True)
@@ -134,15 +103,27 @@ class _Pending:
 class SpoutCollector:
     """The collector a spout emits through (``SpoutOutputCollector``)."""
 
-    __slots__ = ("_task", "emitted")
+    __slots__ = ("_task", "_fast", "_tracked", "_ack_untracked", "emitted")
 
     def __init__(self, task: "SpoutTask") -> None:
         self._task = task
+        self._fast = task.outbox.fast
+        self._tracked = task.engine.acker is not None
+        # Storm acks an untracked tuple at once; only bother when the spout listens.
+        self._ack_untracked = type(task.instance).ack is not Spout.ack
         self.emitted = 0
 
     def emit(self, values: Sequence[Any], stream: str = DEFAULT_STREAM, msg_id: Any = None) -> None:
-        self._task.emit(values, stream, msg_id)
         self.emitted += 1
+        if msg_id is None or not self._tracked:
+            fast = self._fast.get(stream)
+            if fast is None:
+                raise self._task.outbox.unknown_stream(stream)
+            fast(values, 0.0)
+            if msg_id is not None and self._ack_untracked:
+                self._task.untracked_acks.append(msg_id)
+            return
+        self._task.emit_tracked(values, stream, msg_id, 0)
 
 
 class SpoutTask(_TaskBase):
@@ -156,38 +137,42 @@ class SpoutTask(_TaskBase):
         self.outcomes: deque[tuple[int, bool, str]] = deque()
         self.untracked_acks: list[Any] = []
         self.exhausted = False
+        self.parked = False  # waiting in _wait_outcome
         self._wake = asyncio.Event()
 
-    def emit(self, values: Sequence[Any], stream: str, msg_id: Any, retries: int = 0) -> None:
-        engine = self.engine
-        engine.spout_emitted += 1
-        if msg_id is None or engine.acker is None:
-            self._emit_one(values, stream, None, None, 0.0)
-            if msg_id is not None:
-                self.untracked_acks.append(msg_id)  # Storm acks at once when acking is off
-            return
-        born = time.perf_counter()
-        root = self.rng.getrandbits(64) or 1
-        edges = self._emit_one(values, stream, {root: 0}, None, born)
+    def emit_tracked(self, values: Sequence[Any], stream: str, msg_id: Any, retries: int) -> None:
+        """Emit a new root: track its edges in the acker and keep its values for replay."""
+        emit = self.outbox.tracked.get(stream)
+        if emit is None:
+            raise self.outbox.unknown_stream(stream)
+        born = time.perf_counter()  # also the acker's clock: one reading serves both
+        getrandbits = self.rng.getrandbits
+        root = getrandbits(64) or 1
+        edges = emit(values, (root,), None, born, getrandbits)
         self.pending[root] = _Pending(msg_id, values, stream, retries, born)
-        engine.acker.track(root, self.task_id, edges, time.monotonic())
+        self.engine.acker.track(root, self.task_id, edges, born)  # type: ignore[union-attr]
 
     def on_outcome(self, root: int, ok: bool, reason: str) -> None:
         """Called by the acker (same loop); handled in the spout's own loop."""
         self.outcomes.append((root, ok, reason))
-        self._wake.set()
+        if self.parked:
+            self._wake.set()
 
     def _handle_outcomes(self) -> None:
         engine, stats, spout = self.engine, self.stats, self.spout
-        while self.outcomes:
-            root, ok, reason = self.outcomes.popleft()
-            p = self.pending.pop(root, None)
+        outcomes, pending = self.outcomes, self.pending
+        observe = stats.complete_latency.observe
+        ack = spout.ack
+        now = time.perf_counter()
+        while outcomes:
+            root, ok, reason = outcomes.popleft()
+            p = pending.pop(root, None)
             if p is None:
                 continue
             if ok:
                 stats.acked += 1
-                stats.complete_latency.observe(time.perf_counter() - p.born)
-                spout.ack(p.msg_id)
+                observe(now - p.born)
+                ack(p.msg_id)
                 continue
             stats.failed += 1
             spout.fail(p.msg_id)
@@ -195,117 +180,175 @@ class SpoutTask(_TaskBase):
                 continue  # failed back to the spout; the source keeps it
             if p.retries < engine.max_retries:
                 stats.replayed += 1
-                self.emit(p.values, p.stream, p.msg_id, p.retries + 1)
+                stats.emitted += 1
+                self.emit_tracked(p.values, p.stream, p.msg_id, p.retries + 1)
             else:
                 stats.dead_lettered += 1
                 engine.dead_letters.write(self.component, self.task_id, p.msg_id, p.stream,
                                           p.values, p.retries, reason)
 
+    def _chunk(self) -> int:
+        """How many tuples to emit between bookkeeping rounds.
+
+        A full batch when unlimited; when rate limited, about 2 ms worth of emits so
+        the limiter's sleeps stay short and the rate smooth.
+        """
+        rate = self.limiter.rate
+        if rate is None:
+            return self.outbox.batch_size
+        return max(1, min(self.outbox.batch_size, int(rate * 0.002)))
+
     async def run(self) -> None:
-        spout, engine, collector, stats = self.spout, self.engine, self.collector, self.stats
+        spout, engine, collector, stats, outbox = self.spout, self.engine, self.collector, self.stats, self.outbox
         call = spout.next_tuple
         is_async = inspect.iscoroutinefunction(call)
         max_pending = engine.max_spout_pending
         while True:
             if self.outcomes:
                 self._handle_outcomes()
-                if self.outbox.due():
-                    stats.backpressured_ns += await self.outbox.flush()
             if self.untracked_acks:
                 acks, self.untracked_acks = self.untracked_acks, []
                 for m in acks:
                     spout.ack(m)
-            if engine.stopping or self.exhausted or (engine.max_tuples is not None
-                                                     and engine.spout_emitted >= engine.max_tuples):
-                if engine.max_tuples is not None and engine.spout_emitted >= engine.max_tuples:
-                    engine.request_stop("max_tuples")
-                if self.outbox.pending_count:
-                    stats.backpressured_ns += await self.outbox.flush()
+            max_tuples = engine.max_tuples
+            if max_tuples is not None and engine.spout_emitted >= max_tuples:
+                engine.request_stop("max_tuples")
+            if engine.stopping or self.exhausted:
+                if outbox.pending_count:
+                    stats.backpressured_ns += await outbox.flush()
                 if not self.pending:
                     return
                 await self._wait_outcome()
                 continue
             if len(self.pending) >= max_pending:
-                if self.outbox.pending_count:
-                    stats.backpressured_ns += await self.outbox.flush()
+                if outbox.pending_count:
+                    stats.backpressured_ns += await outbox.flush()
                 await self._wait_outcome()
                 continue
             before = collector.emitted
+            limit = self._chunk()
+            if max_tuples is not None:
+                limit = max(1, min(limit, max_tuples - engine.spout_emitted))
+            batch_size = outbox.batch_size
+            dry = False
             try:
-                if is_async:
-                    await call()
-                else:
-                    call()
+                while True:
+                    mark = collector.emitted
+                    if is_async:
+                        await call()
+                    else:
+                        call()
+                    if collector.emitted == mark:
+                        dry = True  # nothing to give right now
+                        break
+                    if collector.emitted - before >= limit or outbox.pending_count >= batch_size:
+                        break
             except EndOfStream:
                 self.exhausted = True
             except (TupleEncodingError, UnknownStreamError):
                 raise
             except Exception:
                 log.exception("spout %s (task %d) next_tuple raised", self.component, self.task_id)
-                await asyncio.sleep(_SPOUT_IDLE_SLEEP_S)
+                dry = True
             emitted = collector.emitted - before
+            engine.spout_emitted += emitted
             if emitted:
                 await self._send(emitted)
-            else:
-                if self.outbox.pending_count:
-                    stats.backpressured_ns += await self.outbox.flush()
-                if not self.exhausted:
-                    t0 = time.perf_counter_ns()
-                    await asyncio.sleep(_SPOUT_IDLE_SLEEP_S)
-                    stats.idle_ns += time.perf_counter_ns() - t0
+                if not dry and not self.exhausted:
+                    continue
+            # The source had nothing (or less than a chunk): send what we have and wait a bit.
+            if outbox.pending_count:
+                stats.backpressured_ns += await outbox.flush()
+            if not self.exhausted and not emitted:
+                t0 = time.perf_counter_ns()
+                await asyncio.sleep(_SPOUT_IDLE_SLEEP_S)
+                stats.idle_ns += time.perf_counter_ns() - t0
 
     async def _wait_outcome(self) -> None:
         self._wake.clear()
         if self.outcomes:
             return
         t0 = time.perf_counter_ns()
+        self.parked = True
         try:
             await asyncio.wait_for(self._wake.wait(), 0.05)
         except asyncio.TimeoutError:
             pass
+        finally:
+            self.parked = False
         self.stats.idle_ns += time.perf_counter_ns() - t0
 
 
 class BoltCollector:
     """The collector a bolt emits, acks and fails through (``OutputCollector``)."""
 
-    __slots__ = ("_task", "emitted", "current")
+    __slots__ = ("_task", "_fast", "_tracked_emit", "_acker", "_auto_anchor", "_getrandbits",
+                 "emitted", "current")
 
     def __init__(self, task: "BoltTask") -> None:
         self._task = task
+        self._fast = task.outbox.fast
+        self._tracked_emit = task.outbox.tracked
+        self._acker = task.engine.acker
+        self._auto_anchor = task.auto_ack
+        self._getrandbits = task.rng.getrandbits
         self.emitted = 0
         self.current: Tuple | None = None  # the input being executed (auto-anchoring)
 
     def emit(self, values: Sequence[Any], stream: str = DEFAULT_STREAM,
              anchors: Tuple | Sequence[Tuple] | None = None) -> None:
-        task = self._task
-        if anchors is None and task.auto_ack:
-            anchors = self.current
         self.emitted += 1
-        if anchors is None or task.engine.acker is None:
-            born = anchors.born if isinstance(anchors, Tuple) else 0.0
-            task._emit_one(values, stream, None, None, born)
+        if self._acker is None:
+            fast = self._fast.get(stream)
+            if fast is None:
+                raise self._task.outbox.unknown_stream(stream)
+            fast(values, 0.0)
             return
-        parents = (anchors,) if isinstance(anchors, Tuple) else tuple(anchors)
-        roots: dict[int, int] = {}
+        if anchors is None and self._auto_anchor:
+            cur = self.current
+            if cur is not None and cur.anchors:  # the common case: anchored to the input
+                emit = self._tracked_emit.get(stream)
+                if emit is None:
+                    raise self._task.outbox.unknown_stream(stream)
+                emit(values, cur.anchors, (cur,), cur.born, self._getrandbits)
+                return
+            anchors = cur
+        parents = () if anchors is None else (anchors,) if isinstance(anchors, Tuple) else tuple(anchors)
+        roots: dict[int, None] = {}
         for p in parents:
             if p.anchors:
-                roots.update(p.anchors)
-        task._emit_one(values, stream, roots or None, parents if roots else None,
-                       parents[0].born if parents else 0.0)
+                roots.update(dict.fromkeys(p.anchors))
+        emit = self._tracked_emit.get(stream)
+        if emit is None:
+            raise self._task.outbox.unknown_stream(stream)
+        if roots:
+            emit(values, roots, parents, parents[0].born, self._getrandbits)
+        else:
+            self._fast[stream](values, 0.0)
 
     def ack(self, tup: Tuple) -> None:
-        task = self._task
-        task.stats.acked += 1
-        acker = task.engine.acker
-        if acker is not None and tup.anchors:
-            for root, edge in tup.anchors.items():
-                acker.update(root, edge ^ tup.ackval)
+        self._task.stats.acked += 1
+        self.ack_silently(tup)
+
+    def ack_silently(self, tup: Tuple) -> None:
+        """XOR the tuple's edge (and its children's) out of each root's ledger; no count."""
+        acker = self._acker
+        anchors = tup.anchors
+        if acker is not None and anchors:
+            ledger = acker.ledger
+            v = tup.ackval
+            for root, edge in anchors.items():
+                e = ledger.get(root)
+                if e is not None:  # gone: already failed or timed out
+                    x = e.xor ^ edge ^ v
+                    e.xor = x
+                    if not x:
+                        acker.complete(root, e)
 
     def fail(self, tup: Tuple, reason: str = "") -> None:
         task = self._task
         task.stats.failed += 1
-        acker = task.engine.acker
+        acker = self._acker
         if acker is not None and tup.anchors:
             why = reason or f"failed by {task.component}:{task.task_id}"
             for root in tup.anchors:
@@ -325,6 +368,8 @@ class BoltTask(_TaskBase):
         self._errors_logged = 0
 
     def _on_error(self, tup: Tuple, exc: BaseException) -> None:
+        if isinstance(exc, (TupleEncodingError, UnknownStreamError)):
+            raise exc  # a programming error: stop the topology with the precise message
         reason = f"{self.component}:{self.task_id} raised {type(exc).__name__}: {exc}"
         if self.engine.acker is None or not tup.anchors:
             self._errors_logged += 1
@@ -334,15 +379,67 @@ class BoltTask(_TaskBase):
                           exc_info=exc if self._errors_logged <= 3 else None)
         self.collector.fail(tup, reason)
 
+    async def _execute_batch(self, batch: list[Tuple]) -> None:
+        """Execute each tuple; ack (auto_ack) or fail it. One tuple per batch is timed."""
+        execute = self.bolt.execute
+        collector = self.collector
+        is_async = self._is_async
+        tracked = self.engine.acker is not None
+        ack = collector.ack_silently
+        auto_ack = self.auto_ack
+        perf = time.perf_counter
+        ok = 0
+        t_first = perf()
+        first = True
+        for tup in batch:
+            collector.current = tup
+            try:
+                if is_async:
+                    await execute(tup)
+                else:
+                    execute(tup)
+            except Exception as exc:
+                self._on_error(tup, exc)
+            else:
+                if auto_ack:
+                    ok += 1
+                    if tracked:
+                        ack(tup)
+            if first:
+                # Execute latency is sampled: the first tuple of every transfer batch.
+                self.stats.execute_latency.observe(perf() - t_first)
+                first = False
+        collector.current = None
+        self.stats.acked += ok
+
+    async def _execute_batch_fast(self, batch: list[Tuple]) -> None:
+        """The common case: sync execute, untracked; errors go to ``_on_error``."""
+        execute = self.bolt.execute
+        perf = time.perf_counter
+        t_first = perf()
+        it = iter(batch)
+        n = len(batch)
+        failed = self.stats.failed
+        try:
+            execute(next(it))
+        except Exception as exc:
+            self._on_error(batch[0], exc)
+        self.stats.execute_latency.observe(perf() - t_first)
+        for tup in it:
+            try:
+                execute(tup)
+            except Exception as exc:
+                self._on_error(tup, exc)
+        if self.auto_ack:
+            self.stats.acked += n - (self.stats.failed - failed)
+
     async def run(self) -> None:
         bolt, collector, stats, queue = self.bolt, self.collector, self.stats, self.queue
         assert queue is not None
-        execute = bolt.execute
-        is_async = inspect.iscoroutinefunction(execute)
-        auto_ack = self.auto_ack
+        self._is_async = inspect.iscoroutinefunction(bolt.execute)
+        run_batch = (self._execute_batch_fast if not self._is_async and self.engine.acker is None
+                     else self._execute_batch)
         flow_poll = self.engine.flow.poll
-        hist = stats.execute_latency
-        perf = time.perf_counter
         while True:
             item = queue.get_nowait()
             if item is None:
@@ -364,28 +461,7 @@ class BoltTask(_TaskBase):
                     log.exception("bolt %s (task %d) tick raised", self.component, self.task_id)
                 await self._send(collector.emitted - before)
                 continue
-            first = True
-            for tup in batch:
-                collector.current = tup
-                if first:
-                    t_first = perf()
-                try:
-                    if is_async:
-                        await execute(tup)
-                    else:
-                        execute(tup)
-                except (TupleEncodingError, UnknownStreamError):
-                    raise
-                except Exception as exc:
-                    self._on_error(tup, exc)
-                else:
-                    if auto_ack:
-                        collector.ack(tup)
-                if first:
-                    # Execute latency is sampled: the first tuple of every transfer batch.
-                    hist.observe(perf() - t_first)
-                    first = False
-            collector.current = None
+            await run_batch(batch)
             stats.executed += len(batch)
             await self._send(collector.emitted - before)
             flow_poll(self)
