@@ -1,13 +1,38 @@
-"""Build the flow control a topology's config asks for."""
+"""``backpressure.policy`` and ``coordinator`` settings -> the engine's FlowControl.
+
+Imports are local to each branch so a run with flow control off, or with the
+embedded coordinator, never imports kazoo.
+"""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from backpressure.seams import FlowControl, NoFlowControl
 
 
-def make_flow_control(config: dict[str, Any], topology_name: str) -> FlowControl:
-    policy = config.get("backpressure.policy", "none")
+def make_coordinator(config: Mapping[str, Any], topology_name: str) -> Any:
+    """``coordinator: embedded`` or ``coordinator: zookeeper://host:port/root``."""
+    where = str(config.get("coordinator", "embedded"))
+    if where == "embedded":
+        from backpressure.coordinator.embedded import EmbeddedCoordinator
+
+        return EmbeddedCoordinator(topology_name)
+    if where.startswith("zookeeper://"):
+        from backpressure.coordinator.zookeeper import ZooKeeperCoordinator
+
+        return ZooKeeperCoordinator(where, topology_name,
+                                    session_timeout=float(config.get("zookeeper.session_timeout_s", 10.0)))
+    raise ValueError(f"coordinator must be 'embedded' or 'zookeeper://host:port/root', got {where!r}")
+
+
+def make_flow_control(config: Mapping[str, Any], topology_name: str) -> FlowControl:
+    policy = config.get("backpressure.policy", "stepwise")
     if policy == "none":
         return NoFlowControl()
-    raise ValueError(f"config 'backpressure.policy': {policy!r} is not available yet")
+    if policy == "stepwise":
+        from backpressure.policy.stepwise import StepwiseParams
+        from backpressure.stepwise import StepwiseFlowControl
+
+        return StepwiseFlowControl(StepwiseParams.from_config(config),
+                                   make_coordinator(config, topology_name))
+    raise ValueError(f"unknown backpressure.policy {policy!r}")

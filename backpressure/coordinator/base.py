@@ -1,0 +1,460 @@
+"""How signals travel (document 000, figures 2 and 3), written once over a znode store.
+
+The document's message path, under ``/<root>/<topology>/``:
+
+1. a task puts a signal on the **send-queue** (``Coordinator.send``, never waits);
+2. the **znode-create handler** takes it off and creates a persistent sequential
+   znode ``taskmessage/m<target>-<sequence>`` holding the msgpack signal;
+3. the **znode-delete handler** watches ``taskmessage/``, reads the znodes of the
+   targets this process runs in sequence order, hands each message to the
+   **trigger-queue** and deletes the znode;
+4. the target upstream takes its own messages off the trigger-queue (the flow
+   control does that, and checks ``target`` again);
+5. each task publishes its state under ``taskstate/<task_id>`` (an ephemeral
+   znode, so it vanishes with the process that owns it);
+6. every task watches ``taskstate/`` (one watch per process, fanned out).
+
+The target's id is in the znode *name* so that several processes sharing one
+ZooKeeper each consume only their own tasks' messages without reading the rest.
+
+The store is ZooKeeper (``zookeeper.KazooStore``) or an in-process tree with the
+same paths, sequence numbers and one-shot watches (``embedded.MemoryStore``), so
+one class carries both and the same tests run against both.
+
+Robustness: the send-queue keeps only the newest signal per (source, target)
+pair (signals carry absolute step counts, so the newest one says everything) and
+survives a disconnection; every store call that fails for want of a connection is
+retried once the session is back; after any reconnection the process re-publishes
+its tasks' states, re-arms its watches and re-reads ``taskmessage/`` and
+``taskstate/`` in full. A znode whose payload is malformed or over the size limit
+is logged and deleted (messages) or ignored (states).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable, Iterable, Protocol, TypeVar
+
+from backpressure.signals import Signal, SignalError, TaskState
+
+log = logging.getLogger(__name__)
+
+CONNECTED = "connected"
+SUSPENDED = "suspended"
+LOST = "lost"
+
+CHILD = "child"
+CHANGED = "changed"
+DELETED = "deleted"
+CREATED = "created"
+SESSION = "session"
+
+
+class NoNode(Exception):
+    """The znode does not exist."""
+
+
+class NodeExists(Exception):
+    """The znode already exists."""
+
+
+class StoreUnavailable(Exception):
+    """No session right now (connection lost, session expired, store closed)."""
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """A one-shot watch firing: ``type`` is one of CHILD, CHANGED, DELETED, CREATED, SESSION."""
+
+    type: str
+    path: str | None
+
+
+Watcher = Callable[[WatchEvent], None]
+
+
+class Store(Protocol):
+    """The few ZooKeeper calls the coordinator needs; watches are one-shot and are
+    called on the event loop; ``listen`` gets CONNECTED / SUSPENDED / LOST."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def listen(self, callback: Callable[[str], None]) -> None: ...
+
+    async def create(self, path: str, data: bytes = b"", *, ephemeral: bool = False,
+                     sequence: bool = False, makepath: bool = False) -> str: ...
+
+    async def get(self, path: str, watch: Watcher | None = None) -> bytes: ...
+
+    async def set(self, path: str, data: bytes) -> None: ...
+
+    async def delete(self, path: str) -> None: ...
+
+    async def children(self, path: str, watch: Watcher | None = None) -> list[str]: ...
+
+
+R = TypeVar("R", Signal, TaskState)
+StateCallback = Callable[[int, "TaskState | None"], None]
+
+_MSG_NAME = re.compile(r"^m(\d+)-(\d{10,})$")
+
+
+class SendQueue:
+    """The send-queue: FIFO of signals, keeping only the newest per (source, target)."""
+
+    def __init__(self) -> None:
+        self._items: OrderedDict[tuple[int, int], Signal] = OrderedDict()
+        self._ready = asyncio.Event()
+
+    def put(self, sig: Signal) -> None:
+        self._items[(sig.source, sig.target)] = sig
+        self._ready.set()
+
+    def putback(self, sig: Signal) -> None:
+        """Return an unsent signal to the front unless a newer one for the pair is queued."""
+        key = (sig.source, sig.target)
+        if key not in self._items:
+            self._items[key] = sig
+            self._items.move_to_end(key, last=False)
+            self._ready.set()
+
+    async def get(self) -> Signal:
+        while not self._items:
+            self._ready.clear()
+            await self._ready.wait()
+        return self._items.popitem(last=False)[1]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class Coordinator:
+    """Carries signals and task states between tasks through a ``Store``."""
+
+    def __init__(self, store: Store, topology: str, root: str = "/topo") -> None:
+        if not topology or "/" in topology:
+            raise ValueError(f"bad topology name for a znode path: {topology!r}")
+        self.store = store
+        self.base = f"{root.rstrip('/')}/{topology}"
+        self.msg_path = f"{self.base}/taskmessage"
+        self.state_path = f"{self.base}/taskstate"
+        self.send_queue = SendQueue()
+        self.trigger_queue: asyncio.Queue[Signal] = asyncio.Queue()
+        self.connected = asyncio.Event()
+        self.counters = {"created": 0, "consumed": 0, "malformed": 0, "resyncs": 0, "retries": 0}
+        self._local: set[int] = set()
+        self._on_state: StateCallback = lambda task, state: None
+        self._published: dict[int, bytes] = {}     # last payload per local task (re-publish)
+        self._dirty: dict[int, bytes] = {}         # payloads waiting to be written
+        self._publishing: set[int] = set()
+        self._known_states: set[int] = set()
+        self._reading: set[str] = set()
+        self._reread: set[str] = set()
+        self._undeleted: set[str] = set()          # handed over, delete still to do
+        self._msg_wake = asyncio.Event()
+        self._state_wake = asyncio.Event()
+        self._pub_wake = asyncio.Event()
+        self._busy = 0                             # create/publish calls in flight
+        self._tasks: list[asyncio.Task[None]] = []
+        self._started = False
+        self._closing = False
+        self._outage = False
+
+    # -- life cycle -------------------------------------------------------------------
+
+    async def start(self, local_tasks: Iterable[int], on_state: StateCallback) -> None:
+        """Connect, purge stale messages for our tasks, read every state, start the handlers."""
+        self._local = set(local_tasks)
+        self._on_state = on_state
+        self.store.listen(self._on_session)
+        await self.store.start()
+        self.connected.set()
+        for path in (self.msg_path, self.state_path):
+            try:
+                await self.store.create(path, b"", makepath=True)
+            except NodeExists:
+                pass
+        await self._purge_stale_messages()
+        self._started = True
+        for coro in (self._create_handler(), self._delete_handler(), self._state_reader(),
+                     self._state_publisher()):
+            self._tasks.append(asyncio.create_task(coro))
+        self._msg_wake.set()
+        self._state_wake.set()
+        await self.read_states_once()
+
+    async def stop(self, flush_timeout: float = 2.0) -> None:
+        """Flush what is queued (bounded), remove our state znodes, close the session."""
+        if not self._started:
+            return
+        await self.flush(flush_timeout)
+        self._closing = True
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        for task in list(self._published):
+            try:
+                await asyncio.wait_for(self.store.delete(f"{self.state_path}/{task}"), 0.5)
+            except (NoNode, StoreUnavailable, asyncio.TimeoutError):
+                pass
+        await self.store.close()
+        self._started = False
+
+    async def flush(self, timeout: float) -> bool:
+        """Wait until the send-queue and pending state writes are empty; False on timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while len(self.send_queue) or self._dirty or self._busy:
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.005)
+        return True
+
+    # -- what the flow control calls ---------------------------------------------------
+
+    def send(self, sig: Signal) -> None:
+        """Put a signal on the send-queue; returns at once."""
+        self.send_queue.put(sig)
+
+    def publish(self, state: TaskState) -> None:
+        """Queue ``state`` for ``taskstate/<task>``; newer publishes of a task replace older ones."""
+        payload = state.encode()
+        self._published[state.task] = payload
+        self._dirty[state.task] = payload
+        self._pub_wake.set()
+
+    async def read_states_once(self) -> dict[int, TaskState]:
+        """Read every task state now and hand each to the state callback."""
+        out: dict[int, TaskState] = {}
+        while True:
+            try:
+                names = await self.store.children(self.state_path)
+                break
+            except StoreUnavailable:
+                await self._await_connection()
+        for name in names:
+            if not name.isdigit():
+                continue
+            try:
+                state = await self._read_state(name, watch=False)
+            except StoreUnavailable:
+                continue        # the resync after reconnection reads it
+            if state is not None:
+                out[state.task] = state
+        return out
+
+    # -- the handlers ------------------------------------------------------------------
+
+    async def _create_handler(self) -> None:
+        """znode-create handler: send-queue -> sequential znodes under taskmessage/."""
+        while True:
+            sig = await self.send_queue.get()
+            self._busy += 1
+            try:
+                await self.store.create(f"{self.msg_path}/m{sig.target}-", sig.encode(), sequence=True)
+                self.counters["created"] += 1
+            except StoreUnavailable:
+                # A create lost with the connection may have happened anyway: a duplicate
+                # is harmless (the target ignores a seq it has applied).
+                self.send_queue.putback(sig)
+                await self._await_connection()
+            finally:
+                self._busy -= 1
+
+    async def _delete_handler(self) -> None:
+        """znode-delete handler: read our targets' znodes in order, trigger, delete."""
+        while True:
+            await self._msg_wake.wait()
+            self._msg_wake.clear()
+            try:
+                await self._drain_messages()
+            except StoreUnavailable:
+                self._msg_wake.set()
+                await self._await_connection()
+
+    async def _drain_messages(self) -> None:
+        names = await self.store.children(self.msg_path, watch=self._on_msg_watch)
+        mine = sorted((int(m.group(2)), name, int(m.group(1)))
+                      for name in names if (m := _MSG_NAME.match(name)) and int(m.group(1)) in self._local)
+        self._undeleted &= set(names)
+        for _, name, target in mine:
+            path = f"{self.msg_path}/{name}"
+            if name not in self._undeleted:
+                try:
+                    data = await self.store.get(path)
+                except NoNode:
+                    continue
+                sig = self._decode(Signal, data, path, "target", target)
+                if sig is not None:
+                    self.trigger_queue.put_nowait(sig)
+                    self.counters["consumed"] += 1
+                self._undeleted.add(name)
+            try:
+                await self.store.delete(path)
+            except NoNode:
+                pass
+            self._undeleted.discard(name)
+
+    async def _purge_stale_messages(self) -> None:
+        """Messages left for our task ids by an earlier run would carry foreign seqs."""
+        for name in await self.store.children(self.msg_path):
+            m = _MSG_NAME.match(name)
+            if m and int(m.group(1)) in self._local:
+                try:
+                    await self.store.delete(f"{self.msg_path}/{name}")
+                except NoNode:
+                    pass
+
+    async def _state_publisher(self) -> None:
+        while True:
+            await self._pub_wake.wait()
+            self._pub_wake.clear()
+            while self._dirty:
+                task, payload = next(iter(self._dirty.items()))
+                del self._dirty[task]
+                self._busy += 1
+                try:
+                    await self._upsert(f"{self.state_path}/{task}", payload)
+                except StoreUnavailable:
+                    self._dirty.setdefault(task, payload)
+                    await self._await_connection()
+                finally:
+                    self._busy -= 1
+
+    async def _upsert(self, path: str, payload: bytes) -> None:
+        try:
+            await self.store.set(path, payload)
+        except NoNode:
+            try:
+                await self.store.create(path, payload, ephemeral=True)
+            except NodeExists:
+                await self.store.set(path, payload)
+
+    async def _state_reader(self) -> None:
+        """Watch taskstate/ children; each child gets its own data watch."""
+        while True:
+            await self._state_wake.wait()
+            self._state_wake.clear()
+            try:
+                names = await self.store.children(self.state_path, watch=self._on_state_children)
+            except StoreUnavailable:
+                self._state_wake.set()
+                await self._await_connection()
+                continue
+            present = {int(n) for n in names if n.isdigit()}
+            for task in self._known_states - present:
+                self._state_gone(task)
+            for name in names:
+                if name.isdigit() and int(name) not in self._known_states:
+                    self._refresh(name)
+
+    def _refresh(self, name: str) -> None:
+        if name in self._reading:
+            self._reread.add(name)
+            return
+        self._reading.add(name)
+        asyncio.get_running_loop().create_task(self._refresh_loop(name))
+
+    async def _refresh_loop(self, name: str) -> None:
+        try:
+            while True:
+                self._reread.discard(name)
+                try:
+                    await self._read_state(name, watch=True)
+                except StoreUnavailable:
+                    return      # the resync after reconnection reads it again
+                if name not in self._reread:
+                    return
+        finally:
+            self._reading.discard(name)
+
+    async def _read_state(self, name: str, watch: bool) -> TaskState | None:
+        task = int(name)
+        try:
+            data = await self.store.get(f"{self.state_path}/{name}",
+                                        watch=self._on_state_data if watch else None)
+        except NoNode:
+            self._state_gone(task)
+            return None
+        state = self._decode(TaskState, data, f"{self.state_path}/{name}", "task", task)
+        if state is None:
+            return None
+        self._known_states.add(task)
+        self._on_state(task, state)
+        return state
+
+    def _decode(self, kind: type[R], data: bytes, path: str, attr: str, owner: int) -> R | None:
+        """Decode a znode's payload; a malformed one (or one whose ``attr`` disagrees with
+        the task its path names) is counted, logged and skipped."""
+        try:
+            rec = kind.decode(data)  # type: ignore[attr-defined]
+            if getattr(rec, attr) != owner:
+                raise SignalError(f"{attr} {getattr(rec, attr)} does not match the znode's task {owner}")
+        except SignalError as e:
+            self.counters["malformed"] += 1
+            log.warning("skipping malformed znode %s: %s", path, e)
+            return None
+        return rec
+
+    def _state_gone(self, task: int) -> None:
+        if task not in self._known_states and task not in self._local:
+            return
+        self._known_states.discard(task)
+        if task in self._local and task in self._published and not self._closing:
+            # Our own ephemeral node went with an expired session: put it back.
+            self._dirty.setdefault(task, self._published[task])
+            self._pub_wake.set()
+            return
+        self._on_state(task, None)
+
+    # -- watches and session events (called on the event loop) --------------------------
+
+    def _on_msg_watch(self, event: WatchEvent) -> None:
+        if event.type != SESSION:
+            self._msg_wake.set()
+
+    def _on_state_children(self, event: WatchEvent) -> None:
+        if event.type != SESSION:
+            self._state_wake.set()
+
+    def _on_state_data(self, event: WatchEvent) -> None:
+        if event.type == SESSION or event.path is None:
+            return
+        name = event.path.rsplit("/", 1)[-1]
+        if event.type == DELETED:
+            self._state_gone(int(name))
+        self._refresh(name)
+
+    def _on_session(self, state: str) -> None:
+        if state != CONNECTED:
+            self.connected.clear()
+            self._outage = True
+            return
+        self.connected.set()
+        if self._outage and self._started and not self._closing:
+            self._outage = False
+            self.counters["resyncs"] += 1
+            self._dirty.update(self._published)
+            self._pub_wake.set()
+            self._known_states_resync()
+
+    def _known_states_resync(self) -> None:
+        """After a reconnection every watch is gone: re-arm them all and re-read."""
+        self._msg_wake.set()
+        self._state_wake.set()
+        for task in list(self._known_states):
+            self._refresh(str(task))
+
+    async def _await_connection(self) -> None:
+        self.counters["retries"] += 1
+        try:
+            await asyncio.wait_for(self.connected.wait(), 1.0)
+        except asyncio.TimeoutError:
+            pass
+        await asyncio.sleep(0.01)

@@ -1,0 +1,177 @@
+"""The ZooKeeper coordinator: the document's message queue on a real ZooKeeper.
+
+``KazooStore`` adapts kazoo to the ``Store`` the coordinator is written against.
+Every call uses kazoo's ``*_async`` API: kazoo's own threads do the socket work
+and complete an asyncio future through ``call_soon_threadsafe``, so no ZooKeeper
+round trip ever blocks the event loop (``start`` and ``close``, which kazoo only
+offers blocking, run in the default executor). Watch callbacks and connection
+state changes are forwarded to the loop the same way.
+
+kazoo queues requests while it reconnects and fails them with ``ConnectionLoss``
+or ``SessionExpiredError`` when the connection or the session goes; those become
+``StoreUnavailable`` and the coordinator retries once the session is back. It
+retries connecting forever (``connection_retry`` without a try limit), so a
+ZooKeeper restart mid-run only pauses signals; tuples keep flowing at the rates
+last set, which live in the engine's limiters, not in ZooKeeper.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable
+from urllib.parse import urlparse
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import (ConnectionClosedError, ConnectionLoss, NodeExistsError, NoNodeError,
+                              OperationTimeoutError, SessionExpiredError)
+from kazoo.protocol.states import EventType, WatchedEvent
+
+from backpressure.coordinator.base import (CHANGED, CHILD, CONNECTED, CREATED, DELETED, LOST, SESSION,
+                                           SUSPENDED, Coordinator, NodeExists, NoNode,
+                                           StoreUnavailable, WatchEvent, Watcher)
+
+log = logging.getLogger(__name__)
+
+_UNAVAILABLE = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, OperationTimeoutError)
+_EVENTS = {EventType.CREATED: CREATED, EventType.DELETED: DELETED, EventType.CHANGED: CHANGED,
+           EventType.CHILD: CHILD}
+_STATES = {KazooState.CONNECTED: CONNECTED, KazooState.SUSPENDED: SUSPENDED, KazooState.LOST: LOST}
+
+
+def parse_zookeeper_url(url: str) -> tuple[str, str]:
+    """``zookeeper://host:port[,host:port]/root`` -> (kazoo hosts string, root path)."""
+    parsed = urlparse(url)
+    if parsed.scheme != "zookeeper" or not parsed.netloc:
+        raise ValueError(f"expected zookeeper://host:port/root, got {url!r}")
+    root = parsed.path.rstrip("/") or "/topo"
+    return parsed.netloc, root
+
+
+class KazooStore:
+    """A ``Store`` on kazoo's asynchronous API."""
+
+    def __init__(self, hosts: str, session_timeout: float = 10.0, connect_timeout: float = 15.0) -> None:
+        self.hosts = hosts
+        self.connect_timeout = connect_timeout
+        self.client = KazooClient(hosts=hosts, timeout=session_timeout,
+                                  connection_retry={"max_tries": -1, "delay": 0.05, "backoff": 1.5,
+                                                    "max_delay": 1.0},
+                                  command_retry=None)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._listeners: list[Callable[[str], None]] = []
+        self.client.add_listener(self._on_kazoo_state)
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        try:
+            await self._loop.run_in_executor(None, self.client.start, self.connect_timeout)
+        except Exception as e:
+            raise StoreUnavailable(f"cannot reach ZooKeeper at {self.hosts}: {e}") from e
+
+    async def close(self) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._stop_and_close)
+
+    def _stop_and_close(self) -> None:
+        try:
+            self.client.stop()
+        finally:
+            self.client.close()
+
+    def listen(self, callback: Callable[[str], None]) -> None:
+        self._listeners.append(callback)
+
+    @property
+    def session_id(self) -> int | None:
+        cid = self.client.client_id
+        return cid[0] if cid else None
+
+    # -- calls ----------------------------------------------------------------------------
+
+    async def create(self, path: str, data: bytes = b"", *, ephemeral: bool = False,
+                     sequence: bool = False, makepath: bool = False) -> str:
+        return await self._await(self.client.create_async(path, data, ephemeral=ephemeral,
+                                                          sequence=sequence, makepath=makepath))
+
+    async def get(self, path: str, watch: Watcher | None = None) -> bytes:
+        data, _stat = await self._await(self.client.get_async(path, watch=self._wrap(watch)))
+        return data
+
+    async def set(self, path: str, data: bytes) -> None:
+        await self._await(self.client.set_async(path, data))
+
+    async def delete(self, path: str) -> None:
+        await self._await(self.client.delete_async(path))
+
+    async def children(self, path: str, watch: Watcher | None = None) -> list[str]:
+        return list(await self._await(self.client.get_children_async(path, watch=self._wrap(watch))))
+
+    # -- thread hand-off ------------------------------------------------------------------
+
+    async def _await(self, result: Any) -> Any:
+        loop = self._loop or asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+
+        def done(r: Any) -> None:        # runs in a kazoo thread
+            loop.call_soon_threadsafe(_settle, fut, r)
+
+        result.rawlink(done)
+        return await fut
+
+    def _wrap(self, watch: Watcher | None) -> Callable[[WatchedEvent], None] | None:
+        if watch is None:
+            return None
+        return _Forward(self, watch)
+
+    def _on_kazoo_state(self, state: str) -> None:   # kazoo's connection thread: never block
+        name = _STATES.get(state)
+        if name is None or self._loop is None:
+            return
+        for cb in self._listeners:
+            self._loop.call_soon_threadsafe(cb, name)
+
+
+class _Forward:
+    """A kazoo watcher that calls ``watch`` on the loop; equal for equal targets, so
+    kazoo (which keeps watchers in a set) does not pile up duplicates on a path."""
+
+    __slots__ = ("store", "watch")
+
+    def __init__(self, store: KazooStore, watch: Watcher) -> None:
+        self.store = store
+        self.watch = watch
+
+    def __call__(self, event: WatchedEvent) -> None:
+        kind = _EVENTS.get(event.type, SESSION)
+        loop = self.store._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self.watch, WatchEvent(kind, event.path if kind != SESSION else None))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Forward) and other.store is self.store and other.watch == self.watch
+
+    def __hash__(self) -> int:
+        return hash((id(self.store), self.watch))
+
+
+def _settle(fut: "asyncio.Future[Any]", result: Any) -> None:
+    if fut.done():
+        return
+    try:
+        fut.set_result(result.get_nowait())
+    except NoNodeError as e:
+        fut.set_exception(NoNode(str(e)))
+    except NodeExistsError as e:
+        fut.set_exception(NodeExists(str(e)))
+    except _UNAVAILABLE as e:
+        fut.set_exception(StoreUnavailable(f"{type(e).__name__}: {e}"))
+    except Exception as e:  # anything else kazoo raises is a bug to surface, not swallow
+        fut.set_exception(e)
+
+
+class ZooKeeperCoordinator(Coordinator):
+    """The document's message path on a real ZooKeeper (``zookeeper://host:port/root``)."""
+
+    def __init__(self, url: str, topology: str, session_timeout: float = 10.0) -> None:
+        hosts, root = parse_zookeeper_url(url)
+        super().__init__(KazooStore(hosts, session_timeout=session_timeout), topology, root)
