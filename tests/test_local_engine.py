@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 import msgpack
 import pytest
 
-from topo.api import Bolt, EndOfStream, Spout, Tuple
+from topo.api import Bolt, EndOfStream, FieldIndex, Spout, Tuple
 from topo.groupings import fields_task_index
 from topo.topology import TopologyBuilder
 from runtime.local.engine import LocalEngine, run
@@ -117,8 +117,18 @@ def test_engine_sizes_each_tuple_by_its_msgpack_encoding():
     for v in values:
         spout_task.outbox.fast["default"](v, 0.0)
     lane = spout_task.outbox.lanes[engine.task_ids["hold"][0]]
-    assert lane.bytes == sum(len(msgpack.packb(v)) for v in values)
     assert [t.values for t in lane.batch] == values
+    assert spout_task.outbox.batch_bytes(lane.batch) == sum(len(msgpack.packb(v)) for v in values)
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 300, 70_000])
+def test_batch_size_equals_sum_of_tuple_encodings_across_array_header_sizes(n):
+    b = TopologyBuilder("sizes2", NO_BP)
+    b.spout("nums", Numbers(10))
+    b.bolt("rec", Recorder({})).shuffle("nums")
+    outbox = LocalEngine(b.build()).tasks[0].outbox
+    tuples = [Tuple([i * 7919, "k" * (i % 40)], FieldIndex.of(["n", "key"])) for i in range(n)]
+    assert outbox.batch_bytes(tuples) == sum(len(msgpack.packb(t.values)) for t in tuples)
 
 
 async def test_put_waits_at_the_hard_bound_and_resumes():

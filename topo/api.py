@@ -23,29 +23,30 @@ class EndOfStream(Exception):
     """
 
 
+try:  # the C accessor namedtuple uses: reads the item, bypassing __getitem__
+    from _collections import _tuplegetter
+except ImportError:  # pragma: no cover - other Pythons
+    def _tuplegetter(index: int, doc: str) -> Any:  # type: ignore[misc]
+        return property(lambda self: tuple.__getitem__(self, index), doc=doc)
+
+
 class Tuple:
-    """One tuple as a bolt sees it: values addressed by position or by field name."""
+    """One tuple as a bolt sees it: values addressed by position or by field name.
 
-    __slots__ = ("values", "origin", "anchors", "born", "ackval")
+    ``Tuple(values, fields, ...)`` builds one (for tests and harnesses); the engine
+    makes ``WireTuple`` instances directly. ``isinstance(x, Tuple)`` holds for both.
+    """
 
-    def __init__(
-        self,
-        values: Sequence[Any],
-        fields: "FieldIndex",
-        stream: str = DEFAULT_STREAM,
-        source_component: str = "",
-        source_task: int = -1,
-        anchors: dict[int, int] | None = None,
-        born: float = 0.0,
-    ) -> None:
-        self.values = values
-        self.origin = Origin(fields, stream, source_component, source_task)
-        # root id -> edge id of this tuple in the XOR ledger; None when untracked.
-        self.anchors = anchors
-        # perf_counter() of the spout emit this tuple descends from (latency metrics).
-        self.born = born
-        # XOR of the edge ids of tuples anchored to this one (Storm's ack value).
-        self.ackval = 0
+    __slots__ = ()
+    values: Sequence[Any]
+    origin: "Origin"
+    anchors: dict[int, int] | None
+    born: float
+
+    def __new__(cls, values: Sequence[Any], fields: "FieldIndex", stream: str = DEFAULT_STREAM,
+                source_component: str = "", source_task: int = -1,
+                anchors: dict[int, int] | None = None, born: float = 0.0) -> "Tuple":
+        return WireTuple((values, Origin(fields, stream, source_component, source_task), anchors, born, [0]))
 
     @property
     def fields(self) -> "FieldIndex":
@@ -71,6 +72,9 @@ class Tuple:
     def __len__(self) -> int:
         return len(self.values)
 
+    def __iter__(self) -> Any:
+        return iter(self.values)
+
     def get(self, name: str, default: Any = None) -> Any:
         i = self.origin.fields.index.get(name)
         return default if i is None else self.values[i]
@@ -82,22 +86,37 @@ class Tuple:
         return f"Tuple({self.source_component}:{self.stream} {self.as_dict()!r})"
 
 
-class WireTuple(Tuple):
-    """The engine's constructor: the per-stream facts come as one shared ``Origin``.
+class WireTuple(tuple, Tuple):  # type: ignore[misc]
+    """The engine's tuple: a builtin tuple ``(values, origin, anchors, born, ackcell)``.
 
-    Building a tuple is on the hot path of every emit; sharing the origin keeps it
-    to a handful of attribute stores.
+    Building a tuple is on the hot path of every emit. A tuple subclass with no
+    ``__init__`` is built by C code in about half the time of a slotted object, and
+    the fields are read by namedtuple's C accessor. ``origin`` is shared by every
+    tuple of one stream and task. ``ackcell`` is ``[xor]`` for tracked tuples (the
+    XOR of the edge ids anchored to this one, Storm's ack value), None otherwise.
+    Python-level behaviour is a Tuple's, not a builtin tuple's: indexing and ``len``
+    address the values, and equality is identity.
     """
 
     __slots__ = ()
+    values = _tuplegetter(0, "the tuple's values")
+    origin = _tuplegetter(1, "stream, fields and source task")
+    anchors = _tuplegetter(2, "root id -> edge id in the XOR ledger; None when untracked")
+    born = _tuplegetter(3, "perf_counter() of the spout emit this tuple descends from")
+    ackcell = _tuplegetter(4, "[XOR of edge ids anchored to this tuple] when tracked")
+    __getitem__ = Tuple.__getitem__
+    __len__ = Tuple.__len__
+    __iter__ = Tuple.__iter__
+    __repr__ = Tuple.__repr__
+    __eq__ = object.__eq__
+    __ne__ = object.__ne__
+    __hash__ = object.__hash__
 
-    def __init__(self, values: Sequence[Any], origin: "Origin", anchors: dict[int, int] | None,
-                 born: float) -> None:
-        self.values = values
-        self.origin = origin
-        self.anchors = anchors
-        self.born = born
-        self.ackval = 0
+    def __contains__(self, item: object) -> bool:
+        return item in self.values
+
+    def __reduce__(self) -> Any:
+        return (WireTuple, (tuple(tuple.__iter__(self)),))
 
 
 @dataclass(frozen=True, slots=True)

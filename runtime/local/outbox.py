@@ -1,9 +1,9 @@
 """Routing and batching of one task's emits.
 
-Emitting is synchronous and cheap: the tuple is sized (its msgpack encoding is its
-wire size), each subscribed edge's router picks the target task, and the tuple is
-appended to that target's *lane* (its pending batch). ``flush`` moves the lanes'
-batches into the targets' byte-bounded queues, waiting where a queue is full.
+Emitting is synchronous and cheap: each subscribed edge's router picks the target
+task and the tuple is appended to that target's *lane* (its pending batch).
+``flush`` sizes each batch (its tuples' msgpack encodings are their wire size) and
+moves it into the target's byte-bounded queue, waiting where a queue is full.
 Batches travel between tasks (Storm 2's batching) because a queue hop costs about
 as much as a small tuple's whole processing; spouts and bolts still see one tuple
 at a time.
@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 import msgpack
 
-from topo.api import FieldIndex, Origin, Tuple, WireTuple
+from topo.api import DEFAULT_STREAM, FieldIndex, Origin, Tuple, WireTuple
 from topo.groupings import Router
 from runtime.local.queue import ByteQueue
 
@@ -43,12 +43,11 @@ class StreamRoutes:
 class Lane:
     """The pending batch for one target task."""
 
-    __slots__ = ("target", "batch", "bytes")
+    __slots__ = ("target", "batch")
 
     def __init__(self, target: int) -> None:
         self.target = target
         self.batch: list[Tuple] = []
-        self.bytes = 0
 
 
 # emit(values, born) for untracked tuples.
@@ -86,12 +85,10 @@ class Outbox:
         return lane
 
     def size_of(self, values: Sequence[Any], stream: str) -> int:
-        """Wire size of ``values``; a clear error naming component and field if unencodable."""
+        """Wire size of one tuple's ``values``; a clear error naming component and field if unencodable."""
         fields = self.streams[stream].fields.names
         if len(values) != len(fields):
-            raise UnknownStreamError(
-                f"component {self.component!r} emitted {len(values)} values on stream {stream!r}, "
-                f"which declares {len(fields)} fields {list(fields)}")
+            raise self._arity_error(values, stream)
         try:
             return len(self._pack(values))
         except (TypeError, ValueError, OverflowError) as e:
@@ -110,53 +107,40 @@ class Outbox:
             f"component {self.component!r} emitted on stream {stream!r}, which it does not declare "
             f"(declared: {sorted(self.streams)})")
 
+    def _plan(self, routes: StreamRoutes) -> list[tuple[bool, list[Lane], Callable[[Sequence[Any]], int]]]:
+        return [(r.broadcast, [self._lane(t) for t in r.targets], r.select) for r in routes.routers]
+
+    def _arity_error(self, values: Sequence[Any], stream: str) -> UnknownStreamError:
+        fields = self.streams[stream].fields.names
+        return UnknownStreamError(
+            f"component {self.component!r} emitted {len(values)} values on stream {stream!r}, "
+            f"which declares {len(fields)} fields {list(fields)}")
+
     def _make_fast(self, stream: str, routes: StreamRoutes) -> FastEmit:
         origin = Origin(routes.fields, stream, self.component, self.task_id)
         nfields = len(routes.fields.names)
-        pack = self._pack
-        size_of = self.size_of
+        arity_error = self._arity_error
         outbox = self
-        plan = [(r.broadcast, [self._lane(t) for t in r.targets], r.select) for r in routes.routers]
+        plan = self._plan(routes)
         if len(plan) == 1 and not plan[0][0]:
             _, lanes, select = plan[0]
-            if len(lanes) == 1:
-                only = lanes[0]
-
-                def emit_one_target(values: Sequence[Any], born: float) -> None:
-                    try:
-                        if len(values) != nfields:
-                            raise ValueError
-                        size = len(pack(values))
-                    except (TypeError, ValueError, OverflowError):
-                        size = size_of(values, stream)  # raises the precise error
-                    only.batch.append(WireTuple(values, origin, None, born))
-                    only.bytes += size
-                    outbox.pending_count += 1
-
-                return emit_one_target
 
             def emit_routed(values: Sequence[Any], born: float) -> None:
-                try:
-                    if len(values) != nfields:
-                        raise ValueError
-                    size = len(pack(values))
-                except (TypeError, ValueError, OverflowError):
-                    size = size_of(values, stream)
-                lane = lanes[select(values)]
-                lane.batch.append(WireTuple(values, origin, None, born))
-                lane.bytes += size
+                if len(values) != nfields:
+                    raise arity_error(values, stream)
+                lanes[select(values)].batch.append(WireTuple((values, origin, None, born, None)))
                 outbox.pending_count += 1
 
             return emit_routed
 
         def emit_general(values: Sequence[Any], born: float) -> None:
-            size = size_of(values, stream)
-            tup = WireTuple(values, origin, None, born)
+            if len(values) != nfields:
+                raise arity_error(values, stream)
+            tup = WireTuple((values, origin, None, born, None))
             n = 0
             for broadcast, lanes, select in plan:
                 for lane in (lanes if broadcast else (lanes[select(values)],)):
                     lane.batch.append(tup)
-                    lane.bytes += size
                     n += 1
             outbox.pending_count += n
 
@@ -165,30 +149,23 @@ class Outbox:
     def _make_tracked(self, stream: str, routes: StreamRoutes) -> TrackedEmit:
         origin = Origin(routes.fields, stream, self.component, self.task_id)
         nfields = len(routes.fields.names)
-        pack = self._pack
-        size_of = self.size_of
+        arity_error = self._arity_error
         outbox = self
         fromkeys = dict.fromkeys
-        plan = [(r.broadcast, [self._lane(t) for t in r.targets], r.select) for r in routes.routers]
+        plan = self._plan(routes)
         if len(plan) == 1 and not plan[0][0]:
             _, lanes, select = plan[0]
 
             def emit_tracked_routed(values: Sequence[Any], roots: Sequence[int], parents: Sequence[Tuple] | None,
                                     born: float, getrandbits: Callable[[int], int]) -> int:
-                try:
-                    if len(values) != nfields:
-                        raise ValueError
-                    size = len(pack(values))
-                except (TypeError, ValueError, OverflowError):
-                    size = size_of(values, stream)
+                if len(values) != nfields:
+                    raise arity_error(values, stream)
                 edge = getrandbits(64) or 1
-                lane = lanes[select(values)]
-                lane.batch.append(WireTuple(values, origin, fromkeys(roots, edge), born))
-                lane.bytes += size
+                lanes[select(values)].batch.append(WireTuple((values, origin, fromkeys(roots, edge), born, [0])))
                 outbox.pending_count += 1
                 if parents:
                     for p in parents:
-                        p.ackval ^= edge
+                        p.ackcell[0] ^= edge
                 return edge
 
             return emit_tracked_routed
@@ -196,26 +173,91 @@ class Outbox:
         def emit_tracked(values: Sequence[Any], roots: Sequence[int], parents: Sequence[Tuple] | None,
                          born: float, getrandbits: Callable[[int], int]) -> int:
             """Every edge (tuple x target) gets its own id in the XOR ledger."""
-            size = size_of(values, stream)
+            if len(values) != nfields:
+                raise arity_error(values, stream)
             edges = 0
             for broadcast, lanes, select in plan:
                 for lane in (lanes if broadcast else (lanes[select(values)],)):
                     edge = getrandbits(64) or 1
                     edges ^= edge
-                    lane.batch.append(WireTuple(values, origin, fromkeys(roots, edge), born))
-                    lane.bytes += size
+                    lane.batch.append(WireTuple((values, origin, fromkeys(roots, edge), born, [0])))
                     outbox.pending_count += 1
                     if parents:
                         for p in parents:
-                            p.ackval ^= edge
+                            p.ackcell[0] ^= edge
             return edges
 
         return emit_tracked
+
+    def untracked_emit(self, counter: Any, msg_ids: list[Any] | None) -> Callable[..., None]:
+        """A collector's whole ``emit`` for untracked tuples, default stream inlined.
+
+        ``counter.emitted`` counts emits. Spouts pass ``msg_ids``, where each emit's
+        ``msg_id`` is collected for Storm's immediate ack of untracked tuples; bolts
+        pass None and the third argument (their ``anchors``) means nothing untracked.
+        This is the innermost call of every topology, hence one flat function.
+        """
+        fast = self.fast
+        unknown = self.unknown_stream
+        default = self.streams.get(DEFAULT_STREAM)
+        single = (default is not None and len(default.routers) == 1 and not default.routers[0].broadcast)
+        if not single:
+            def emit_dispatch(values: Sequence[Any], stream: str = DEFAULT_STREAM, msg_id: Any = None,
+                              anchors: Any = None) -> None:
+                counter.emitted += 1
+                f = fast.get(stream)
+                if f is None:
+                    raise unknown(stream)
+                f(values, 0.0)
+                if msg_id is not None and msg_ids is not None:
+                    msg_ids.append(msg_id)
+
+            return emit_dispatch
+        assert default is not None
+        origin = Origin(default.fields, DEFAULT_STREAM, self.component, self.task_id)
+        nfields = len(default.fields.names)
+        arity_error = self._arity_error
+        outbox = self
+        router = default.routers[0]
+        lanes = [self._lane(t) for t in router.targets]
+        select = router.select
+
+        def emit(values: Sequence[Any], stream: str = DEFAULT_STREAM, msg_id: Any = None,
+                 anchors: Any = None) -> None:
+            counter.emitted += 1
+            if stream != DEFAULT_STREAM:
+                f = fast.get(stream)
+                if f is None:
+                    raise unknown(stream)
+                f(values, 0.0)
+            else:
+                if len(values) != nfields:
+                    raise arity_error(values, DEFAULT_STREAM)
+                lanes[select(values)].batch.append(WireTuple((values, origin, None, 0.0, None)))
+                outbox.pending_count += 1
+            if msg_id is not None and msg_ids is not None:
+                msg_ids.append(msg_id)
+
+        return emit
 
     def due(self) -> bool:
         """Whether pending batches should go now: a full batch, or the interval has passed."""
         n = self.pending_count
         return n >= self.batch_size or (n > 0 and time.monotonic() - self.last_flush_at >= self.flush_interval_s)
+
+    def batch_bytes(self, batch: list[Tuple]) -> int:
+        """Wire size of a batch: the sum of its tuples' msgpack lengths, exactly.
+
+        One ``pack`` of the list of value lists, less the array header msgpack puts
+        in front (an array encodes as header + its elements' encodings), costs far
+        less than packing each tuple. When a value cannot be encoded the tuples are
+        sized one by one so the error names the culprit's component and field.
+        """
+        values = [t.values for t in batch]
+        try:
+            return len(self._pack(values)) - _array_header_len(len(values))
+        except (TypeError, ValueError, OverflowError):
+            return sum(self.size_of(t.values, t.origin.stream) for t in batch)
 
     async def flush(self) -> int:
         """Send every pending batch; returns nanoseconds spent waiting for queue room."""
@@ -228,8 +270,11 @@ class Outbox:
         for lane in self.lanes.values():
             batch = lane.batch
             if batch:
-                nbytes = lane.bytes
                 lane.batch = []
-                lane.bytes = 0
-                waited += await queues[lane.target].put(batch, nbytes)
+                waited += await queues[lane.target].put(batch, self.batch_bytes(batch))
         return waited
+
+
+def _array_header_len(n: int) -> int:
+    """Bytes of msgpack's array header for ``n`` elements (fixarray, array 16, array 32)."""
+    return 1 if n < 16 else 3 if n < 0x10000 else 5

@@ -101,27 +101,32 @@ class _Pending:
 
 
 class SpoutCollector:
-    """The collector a spout emits through (``SpoutOutputCollector``)."""
+    """The collector a spout emits through (``SpoutOutputCollector``).
 
-    __slots__ = ("_task", "_fast", "_tracked", "_ack_untracked", "emitted")
+    ``emit(values, stream="default", msg_id=None)`` is bound per task at start: with
+    acking off it is the outbox's flat untracked emit, with acking on the tracking one.
+    """
+
+    __slots__ = ("_task", "_fast", "emit", "emitted")
 
     def __init__(self, task: "SpoutTask") -> None:
         self._task = task
         self._fast = task.outbox.fast
-        self._tracked = task.engine.acker is not None
-        # Storm acks an untracked tuple at once; only bother when the spout listens.
-        self._ack_untracked = type(task.instance).ack is not Spout.ack
         self.emitted = 0
+        if task.engine.acker is None:
+            # Storm acks an untracked tuple at once; only bother when the spout listens.
+            listens = type(task.instance).ack is not Spout.ack
+            self.emit = task.outbox.untracked_emit(self, task.untracked_acks if listens else None)
+        else:
+            self.emit = self._emit_tracked
 
-    def emit(self, values: Sequence[Any], stream: str = DEFAULT_STREAM, msg_id: Any = None) -> None:
+    def _emit_tracked(self, values: Sequence[Any], stream: str = DEFAULT_STREAM, msg_id: Any = None) -> None:
         self.emitted += 1
-        if msg_id is None or not self._tracked:
+        if msg_id is None:
             fast = self._fast.get(stream)
             if fast is None:
                 raise self._task.outbox.unknown_stream(stream)
             fast(values, 0.0)
-            if msg_id is not None and self._ack_untracked:
-                self._task.untracked_acks.append(msg_id)
             return
         self._task.emit_tracked(values, stream, msg_id, 0)
 
@@ -132,10 +137,10 @@ class SpoutTask(_TaskBase):
     def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
         self.spout: Spout = self.instance  # type: ignore[assignment]
+        self.untracked_acks: list[Any] = []
         self.collector = SpoutCollector(self)
         self.pending: dict[int, _Pending] = {}
         self.outcomes: deque[tuple[int, bool, str]] = deque()
-        self.untracked_acks: list[Any] = []
         self.exhausted = False
         self.parked = False  # waiting in _wait_outcome
         self._wake = asyncio.Event()
@@ -207,7 +212,8 @@ class SpoutTask(_TaskBase):
             if self.outcomes:
                 self._handle_outcomes()
             if self.untracked_acks:
-                acks, self.untracked_acks = self.untracked_acks, []
+                acks = self.untracked_acks[:]
+                self.untracked_acks.clear()  # the same list stays bound in the collector
                 for m in acks:
                     spout.ack(m)
             max_tuples = engine.max_tuples
@@ -283,7 +289,7 @@ class BoltCollector:
     """The collector a bolt emits, acks and fails through (``OutputCollector``)."""
 
     __slots__ = ("_task", "_fast", "_tracked_emit", "_acker", "_auto_anchor", "_getrandbits",
-                 "emitted", "current")
+                 "emit", "emitted", "current")
 
     def __init__(self, task: "BoltTask") -> None:
         self._task = task
@@ -294,16 +300,13 @@ class BoltCollector:
         self._getrandbits = task.rng.getrandbits
         self.emitted = 0
         self.current: Tuple | None = None  # the input being executed (auto-anchoring)
+        # emit(values, stream="default", anchors=None), bound per task like the spout's.
+        self.emit = (task.outbox.untracked_emit(self, None) if self._acker is None
+                     else self._emit_tracked)
 
-    def emit(self, values: Sequence[Any], stream: str = DEFAULT_STREAM,
-             anchors: Tuple | Sequence[Tuple] | None = None) -> None:
+    def _emit_tracked(self, values: Sequence[Any], stream: str = DEFAULT_STREAM,
+                      anchors: Tuple | Sequence[Tuple] | None = None) -> None:
         self.emitted += 1
-        if self._acker is None:
-            fast = self._fast.get(stream)
-            if fast is None:
-                raise self._task.outbox.unknown_stream(stream)
-            fast(values, 0.0)
-            return
         if anchors is None and self._auto_anchor:
             cur = self.current
             if cur is not None and cur.anchors:  # the common case: anchored to the input
@@ -336,7 +339,7 @@ class BoltCollector:
         anchors = tup.anchors
         if acker is not None and anchors:
             ledger = acker.ledger
-            v = tup.ackval
+            v = tup.ackcell[0]
             for root, edge in anchors.items():
                 e = ledger.get(root)
                 if e is not None:  # gone: already failed or timed out
