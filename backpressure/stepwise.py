@@ -217,6 +217,11 @@ class StepwiseFlowControl:
         while True:
             await asyncio.sleep(self.tick)
             now = self.clock()
+            for task_id, th in self.throttles.items():
+                if th.holds and not th.in_episode:
+                    change = th.refresh(self.handles[task_id].observed_rate())
+                    if change is not None:
+                        self._act(task_id, change)
             for task_id, d in self.downstreams.items():
                 q = self.handles[task_id].queue_bytes()
                 if d.observe(now, q):

@@ -390,3 +390,22 @@ def test_state_decode_is_bounded() -> None:
     st = TaskState(task=1, holds={i: 1 for i in range(5000)})
     with pytest.raises(SignalError):
         TaskState.decode(st.encode())
+
+
+def test_an_unmeasured_upstream_waits_for_a_rate_instead_of_pinning_originv_to_zero() -> None:
+    th = Throttle(1, P)
+    assert th.on_signal(Signal(BACKPRESSURE, 1, 10, 1, 1, 0.0), 0.0) is None
+    assert th.k == 0 and not th.at_floor and not th.in_episode and th.holds == {10: 1}
+    assert th.refresh(0.0) is None
+    change = th.refresh(6_000.0)
+    assert change is not None and change.rate == 3_000.0 and th.originv == 6_000.0
+
+
+def test_overloaded_downstream_re_asks_the_same_hold_while_the_upstream_has_not_reached_it() -> None:
+    d = Downstream(10, [1], P, 0.0)
+    th = Throttle(1, P)
+    (s1,) = d.check(0.0, HIGH, lambda u: None)
+    th.on_signal(s1, 0.0)                       # acknowledged, but no rate yet: k stays 0
+    view = lambda u: UpstreamView(th.k, th.at_floor, th.applied)  # noqa: E731
+    (s2,) = d.check(2.0, HIGH, view)
+    assert s2.k == 1 and s2.seq > s1.seq

@@ -43,14 +43,18 @@ The document's steps, and how they read here
 * Rate floor: a step never takes the rate under ``rate_floor``. ``k`` stops at
   the largest value with ``originv * step**k >= rate_floor`` and the upstream
   publishes ``at_floor`` so its downstreams stop asking. An upstream whose
-  ``originv`` is already under the floor cannot be stepped at all.
+  ``originv`` is already under the floor cannot be stepped at all. An upstream
+  whose emit rate has not been measured yet (0, a task that just started) keeps
+  the hold but does not start the episode until ``refresh`` sees a rate: an
+  ``originv`` of 0 would pin it at the floor for nothing.
 
 Several downstream tasks on one upstream (the document leaves it open)
 ----------------------------------------------------------------------
 Each downstream ``d`` *holds* a step count ``h_d`` on each upstream; the upstream
-runs at ``k = max_d h_d``. An overloaded ``d`` asks for ``max(h_d, k_seen) + 1``
+runs at ``k = max_d h_d``. An overloaded ``d`` asks for ``max(h_d, k_seen + 1)``
 where ``k_seen`` is the upstream's published ``k``: one step below the upstream's
-*current* rate, as the document says. Hence:
+*current* rate, as the document says (if the upstream has not reached ``h_d`` yet,
+the same hold is asked for again rather than a deeper one). Hence:
 
 * two downstreams that overload in the same round both ask for ``k_seen + 1`` and
   the upstream steps once, not twice (the document's "already being
@@ -168,7 +172,7 @@ class Downstream:
                 v = view(u) or _NO_VIEW
                 if u in self.pending or v.at_floor:
                     continue
-                out.append(self._hold(u, max(self.holds.get(u, 0), v.k) + 1, BACKPRESSURE, now))
+                out.append(self._hold(u, max(self.holds.get(u, 0), v.k + 1), BACKPRESSURE, now))
         elif self.low_since is not None and now - self.low_since >= p.sensitivity:
             self.level = LIGHT
             released = False
@@ -284,9 +288,17 @@ class Throttle:
             self.holds.pop(source, None)
         return self._recompute(observed_rate)
 
+    def refresh(self, observed_rate: float) -> RateChange | None:
+        """Held but not yet stepped because the rate was not measurable: try again."""
+        if self.holds and not self.in_episode:
+            return self._recompute(observed_rate)
+        return None
+
     def _recompute(self, observed_rate: float) -> RateChange | None:
         want = max(self.holds.values(), default=0)
         if want > 0 and not self.in_episode:        # the first step: record originv
+            if not observed_rate > 0:
+                return None     # no rate measured yet (a task just started): wait for one
             self.in_episode = True
             self.originv = float(observed_rate)
             self.k_max = max_steps(self.originv, self.params.step, self.params.rate_floor)
