@@ -13,15 +13,12 @@ through a callback, and ``expire`` fails roots older than the message timeout.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
-
-@dataclass(slots=True)
-class _Entry:
-    xor: int
-    owner: int          # spout task id
-    deadline: float
+# A ledger entry is a 3-item list, [xor, owner spout task id, deadline]: a list is
+# the cheapest mutable record to make and update on the per-tuple path.
+XOR, OWNER, DEADLINE = 0, 1, 2
+Entry = list
 
 
 # (owner task id, root, ok, reason)
@@ -33,7 +30,7 @@ class Acker:
 
     def __init__(self, on_outcome: Outcome, timeout_s: float) -> None:
         # Public so the bolt's ack loop can XOR in place without a call per edge.
-        self.ledger: dict[int, _Entry] = {}
+        self.ledger: dict[int, Entry] = {}
         self._ledger = self.ledger
         self._on_outcome = on_outcome
         self.timeout_s = timeout_s
@@ -47,32 +44,32 @@ class Acker:
             # No subscriber got the tuple: the tree is complete at once.
             self._on_outcome(owner, root, True, "")
             return
-        self._ledger[root] = _Entry(edges_xor, owner, now + self.timeout_s)
+        self._ledger[root] = [edges_xor, owner, now + self.timeout_s]
 
     def update(self, root: int, value: int) -> None:
         """XOR ``value`` into the ledger of ``root``; completes it when it reaches zero."""
         e = self._ledger.get(root)
         if e is None:
             return  # already failed or timed out: late acks are ignored, as in Storm
-        e.xor ^= value
-        if e.xor == 0:
+        e[XOR] ^= value
+        if e[XOR] == 0:
             self.complete(root, e)
 
-    def complete(self, root: int, e: _Entry) -> None:
+    def complete(self, root: int, e: Entry) -> None:
         """The ledger of ``root`` reached zero: the tree is fully processed."""
         del self._ledger[root]
-        self._on_outcome(e.owner, root, True, "")
+        self._on_outcome(e[OWNER], root, True, "")
 
     def fail(self, root: int, reason: str) -> None:
         e = self._ledger.pop(root, None)
         if e is not None:
-            self._on_outcome(e.owner, root, False, reason)
+            self._on_outcome(e[OWNER], root, False, reason)
 
     def expire(self, now: float) -> int:
         """Fail every root past its deadline. Roots are kept in insertion (= deadline) order."""
         expired = []
         for root, e in self._ledger.items():
-            if e.deadline > now:
+            if e[DEADLINE] > now:
                 break
             expired.append(root)
         for root in expired:

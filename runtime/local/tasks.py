@@ -14,9 +14,9 @@ import inspect
 import logging
 import random
 import time
+import types
 from collections import deque
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from topo.api import DEFAULT_STREAM, Bolt, EndOfStream, Spout, TaskContext, Tuple
 from runtime.local.outbox import Outbox, TupleEncodingError, UnknownStreamError
@@ -35,6 +35,12 @@ TICK: list[Any] = [None]
 # Shortest wait worth a timer: below it the limiter's debt carries to the next call.
 _MIN_SLEEP_S = 0.001
 _SPOUT_IDLE_SLEEP_S = 0.001  # Storm's default sleep-spout wait strategy
+
+
+@types.coroutine
+def _yield() -> Any:
+    """Give the event loop one turn (what ``asyncio.sleep(0)`` does, without its checks)."""
+    yield
 
 
 class _TaskBase:
@@ -91,13 +97,9 @@ class _TaskBase:
             stats.backpressured_ns += await self.outbox.flush()
 
 
-@dataclass(slots=True)
-class _Pending:
-    msg_id: Any
-    values: Sequence[Any]
-    stream: str
-    retries: int
-    born: float
+# What a spout task keeps of each tracked root for replay: a plain tuple, made per emit.
+# (msg_id, values, stream, retries, born)
+_Pending = tuple
 
 
 class SpoutCollector:
@@ -107,28 +109,55 @@ class SpoutCollector:
     acking off it is the outbox's flat untracked emit, with acking on the tracking one.
     """
 
-    __slots__ = ("_task", "_fast", "emit", "emitted")
+    __slots__ = ("emit", "emitted")
 
     def __init__(self, task: "SpoutTask") -> None:
-        self._task = task
-        self._fast = task.outbox.fast
         self.emitted = 0
         if task.engine.acker is None:
             # Storm acks an untracked tuple at once; only bother when the spout listens.
             listens = type(task.instance).ack is not Spout.ack
             self.emit = task.outbox.untracked_emit(self, task.untracked_acks if listens else None)
         else:
-            self.emit = self._emit_tracked
+            self.emit = _tracked_spout_emit(task, self)
 
-    def _emit_tracked(self, values: Sequence[Any], stream: str = DEFAULT_STREAM, msg_id: Any = None) -> None:
-        self.emitted += 1
+
+def _tracked_spout_emit(task: "SpoutTask", collector: SpoutCollector) -> Callable[..., None]:
+    """The spout's emit with acking on: a tuple with a ``msg_id`` becomes a tracked root.
+
+    The root's edges go into the acker's ledger and its values into ``pending`` for
+    replay; ``_retries`` is the engine's own argument when it replays.
+    """
+    outbox = task.outbox
+    fast, tracked = outbox.fast, outbox.tracked
+    acker = task.engine.acker
+    assert acker is not None
+    ledger, timeout, owner = acker.ledger, acker.timeout_s, task.task_id
+    pending = task.pending
+    getrandbits = task.rng.getrandbits
+    perf = time.perf_counter
+    on_outcome = task.on_outcome
+
+    def emit(values: Sequence[Any], stream: str = DEFAULT_STREAM, msg_id: Any = None, _retries: int = 0) -> None:
+        collector.emitted += 1
         if msg_id is None:
-            fast = self._fast.get(stream)
-            if fast is None:
-                raise self._task.outbox.unknown_stream(stream)
-            fast(values, 0.0)
+            f = fast.get(stream)
+            if f is None:
+                raise outbox.unknown_stream(stream)
+            f(values, 0.0)
             return
-        self._task.emit_tracked(values, stream, msg_id, 0)
+        e = tracked.get(stream)
+        if e is None:
+            raise outbox.unknown_stream(stream)
+        born = perf()  # also the acker's clock: one reading serves both
+        root = getrandbits(64) or 1
+        edges = e(values, (root,), None, born, getrandbits)
+        pending[root] = (msg_id, values, stream, _retries, born)
+        if edges:
+            ledger[root] = [edges, owner, born + timeout]
+        else:
+            on_outcome(root, True, "")  # no subscriber: complete at once
+
+    return emit
 
 
 class SpoutTask(_TaskBase):
@@ -138,24 +167,12 @@ class SpoutTask(_TaskBase):
         super().__init__(*a, **kw)
         self.spout: Spout = self.instance  # type: ignore[assignment]
         self.untracked_acks: list[Any] = []
-        self.collector = SpoutCollector(self)
         self.pending: dict[int, _Pending] = {}
         self.outcomes: deque[tuple[int, bool, str]] = deque()
+        self.collector = SpoutCollector(self)
         self.exhausted = False
         self.parked = False  # waiting in _wait_outcome
         self._wake = asyncio.Event()
-
-    def emit_tracked(self, values: Sequence[Any], stream: str, msg_id: Any, retries: int) -> None:
-        """Emit a new root: track its edges in the acker and keep its values for replay."""
-        emit = self.outbox.tracked.get(stream)
-        if emit is None:
-            raise self.outbox.unknown_stream(stream)
-        born = time.perf_counter()  # also the acker's clock: one reading serves both
-        getrandbits = self.rng.getrandbits
-        root = getrandbits(64) or 1
-        edges = emit(values, (root,), None, born, getrandbits)
-        self.pending[root] = _Pending(msg_id, values, stream, retries, born)
-        self.engine.acker.track(root, self.task_id, edges, born)  # type: ignore[union-attr]
 
     def on_outcome(self, root: int, ok: bool, reason: str) -> None:
         """Called by the acker (same loop); handled in the spout's own loop."""
@@ -174,23 +191,24 @@ class SpoutTask(_TaskBase):
             p = pending.pop(root, None)
             if p is None:
                 continue
+            msg_id, values, stream, retries, born = p
             if ok:
                 stats.acked += 1
-                observe(now - p.born)
-                ack(p.msg_id)
+                observe(now - born)
+                ack(msg_id)
                 continue
             stats.failed += 1
-            spout.fail(p.msg_id)
+            spout.fail(msg_id)
             if engine.stopping:
                 continue  # failed back to the spout; the source keeps it
-            if p.retries < engine.max_retries:
+            if retries < engine.max_retries:
                 stats.replayed += 1
                 stats.emitted += 1
-                self.emit_tracked(p.values, p.stream, p.msg_id, p.retries + 1)
+                self.collector.emit(values, stream, msg_id, retries + 1)
             else:
                 stats.dead_lettered += 1
-                engine.dead_letters.write(self.component, self.task_id, p.msg_id, p.stream,
-                                          p.values, p.retries, reason)
+                engine.dead_letters.write(self.component, self.task_id, msg_id, stream,
+                                          values, retries, reason)
 
     def _chunk(self) -> int:
         """How many tuples to emit between bookkeeping rounds.
@@ -261,6 +279,9 @@ class SpoutTask(_TaskBase):
             if emitted:
                 await self._send(emitted)
                 if not dry and not self.exhausted:
+                    # Awaiting a queue with room does not suspend: yield so other tasks,
+                    # timers and signal handlers run even when nothing is full.
+                    await _yield()
                     continue
             # The source had nothing (or less than a chunk): send what we have and wait a bit.
             if outbox.pending_count:
@@ -302,7 +323,33 @@ class BoltCollector:
         self.current: Tuple | None = None  # the input being executed (auto-anchoring)
         # emit(values, stream="default", anchors=None), bound per task like the spout's.
         self.emit = (task.outbox.untracked_emit(self, None) if self._acker is None
-                     else self._emit_tracked)
+                     else self._auto_anchored_emit())
+
+    def _auto_anchored_emit(self) -> Callable[..., None]:
+        """Tracked emit with the common case first: anchored to the input being executed."""
+        collector = self
+        tracked = self._tracked_emit
+        getrandbits = self._getrandbits
+        general = self._emit_tracked
+        auto = self._auto_anchor
+        unknown = self._task.outbox.unknown_stream
+
+        def emit(values: Sequence[Any], stream: str = DEFAULT_STREAM,
+                 anchors: Tuple | Sequence[Tuple] | None = None) -> None:
+            if anchors is None and auto:
+                cur = collector.current
+                if cur is not None:
+                    roots = cur.anchors
+                    if roots:
+                        e = tracked.get(stream)
+                        if e is None:
+                            raise unknown(stream)
+                        collector.emitted += 1
+                        e(values, roots, (cur,), cur.born, getrandbits)
+                        return
+            general(values, stream, anchors)
+
+        return emit
 
     def _emit_tracked(self, values: Sequence[Any], stream: str = DEFAULT_STREAM,
                       anchors: Tuple | Sequence[Tuple] | None = None) -> None:
@@ -343,8 +390,8 @@ class BoltCollector:
             for root, edge in anchors.items():
                 e = ledger.get(root)
                 if e is not None:  # gone: already failed or timed out
-                    x = e.xor ^ edge ^ v
-                    e.xor = x
+                    x = e[0] ^ edge ^ v
+                    e[0] = x
                     if not x:
                         acker.complete(root, e)
 
@@ -383,12 +430,17 @@ class BoltTask(_TaskBase):
         self.collector.fail(tup, reason)
 
     async def _execute_batch(self, batch: list[Tuple]) -> None:
-        """Execute each tuple; ack (auto_ack) or fail it. One tuple per batch is timed."""
+        """Execute each tuple; ack (auto_ack) or fail it. One tuple per batch is timed.
+
+        With acking on, the auto-ack is the ledger update of ``ack_silently`` written
+        out in the loop: it runs once per tuple per hop.
+        """
         execute = self.bolt.execute
         collector = self.collector
         is_async = self._is_async
-        tracked = self.engine.acker is not None
-        ack = collector.ack_silently
+        acker = self.engine.acker
+        ledger_get = acker.ledger.get if acker is not None else None
+        complete = acker.complete if acker is not None else None
         auto_ack = self.auto_ack
         perf = time.perf_counter
         ok = 0
@@ -406,8 +458,16 @@ class BoltTask(_TaskBase):
             else:
                 if auto_ack:
                     ok += 1
-                    if tracked:
-                        ack(tup)
+                    anchors = tup.anchors
+                    if anchors and ledger_get is not None:
+                        v = tup.ackcell[0]
+                        for root, edge in anchors.items():
+                            e = ledger_get(root)
+                            if e is not None:  # gone: already failed or timed out
+                                x = e[0] ^ edge ^ v
+                                e[0] = x
+                                if not x:
+                                    complete(root, e)
             if first:
                 # Execute latency is sampled: the first tuple of every transfer batch.
                 self.stats.execute_latency.observe(perf() - t_first)
@@ -468,3 +528,4 @@ class BoltTask(_TaskBase):
             stats.executed += len(batch)
             await self._send(collector.emitted - before)
             flow_poll(self)
+            await _yield()  # a busy bolt with room downstream would otherwise never suspend
