@@ -1,0 +1,236 @@
+"""``topo status``: one row per task of a running topology, and the file that feeds it.
+
+Two sources, the same columns (component, task, rate, originv, k, backpressure
+flag, queue bytes, marks):
+
+* ZooKeeper: the ``taskstate/<task_id>`` znodes every task publishes under
+  ``/<root>/<topology>/`` (``--zk zookeeper://host:port/root`` and the topology's
+  name, or a topology.yaml whose config says ``coordinator: zookeeper://...``).
+  Read with a short-lived kazoo client: this is a command, not the event loop.
+* A status file: a run with the embedded coordinator has no shared store, so the
+  ``StatusWriter`` service writes the run's task states to ``status.path`` every
+  second (atomically: write, then rename); ``--file PATH`` or a topology.yaml whose
+  ``status.path`` is set reads it.
+
+Usage::
+
+    topo status topology.yaml                 # uses its coordinator / status.path
+    topo status --zk zookeeper://127.0.0.1:2181/topo --name wordcount
+    topo status --file /tmp/wordcount.status.json [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+COLUMNS = ("component", "task", "rate", "originv", "k", "flag", "queue", "low/high mark")
+STALE_S = 5.0
+
+
+class StatusError(Exception):
+    """Nothing to show (no such topology, no file): the message says why."""
+
+
+# -- the run side: write the task states every second ---------------------------------------
+
+class StatusWriter:
+    """An engine service that writes every task's state to ``path`` once per ``interval``."""
+
+    def __init__(self, path: str | os.PathLike[str], interval: float = 1.0) -> None:
+        self.path = Path(path)
+        self.interval = interval
+        self._task: asyncio.Task[None] | None = None
+        self._engine: Any = None
+
+    async def start(self, engine: Any) -> None:
+        self._engine = engine
+        self.write()
+        self._task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        if self._engine is not None:
+            self.write(running=False)
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            self.write()
+
+    def document(self, running: bool = True) -> dict[str, Any]:
+        engine = self._engine
+        tasks = [row_from_stats(s) for s in engine.stats]
+        return {"topology": engine.topology.name, "coordinator": engine.config.get("coordinator"),
+                "running": running, "written": time.time(), "pid": os.getpid(), "tasks": tasks}
+
+    def write(self, running: bool = True) -> None:
+        doc = self.document(running)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(doc, indent=1))
+        os.replace(tmp, self.path)
+
+
+def row_from_stats(stats: Any) -> dict[str, Any]:
+    """A ``runtime.local.stats.TaskStats`` as a status row."""
+    return {"component": stats.component, "task": stats.task_id, "rate": stats.rate_limit,
+            "originv": stats.originv, "k": stats.k, "backpressure": stats.backpressure,
+            "queue_bytes": stats.queue_bytes, "high_mark": stats.high_mark, "low_mark": stats.low_mark,
+            "observed_rate": stats.observed_rate}
+
+
+# -- the command side ---------------------------------------------------------------------------
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="topo status", description="show the task states of a running topology")
+    p.add_argument("topology", nargs="?", help="topology.yaml (its name, coordinator and status.path)")
+    p.add_argument("--zk", metavar="URL", help="read taskstate from ZooKeeper: zookeeper://host:port/root")
+    p.add_argument("--name", help="topology name (with --zk, when no topology.yaml is given)")
+    p.add_argument("--file", metavar="PATH", help="read the status file a run writes (status.path)")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for ZooKeeper")
+    return p
+
+
+def status_command(args: argparse.Namespace) -> int:
+    """Entry point for ``topo status``; ``args.rest`` holds the words after ``status``
+    (or the namespace already carries this module's options). Returns the exit status."""
+    rest = getattr(args, "rest", None)
+    ns = parser().parse_args(rest) if rest is not None else args
+    try:
+        title, rows = collect(ns)
+    except StatusError as e:
+        print(f"topo status: {e}", file=sys.stderr)
+        return 1
+    if getattr(ns, "json", False):
+        print(json.dumps(rows, indent=1))
+    else:
+        print(title)
+        print(render(rows))
+    return 0
+
+
+def collect(ns: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
+    """Find the source the options point at and read its rows."""
+    zk, name, path = getattr(ns, "zk", None), getattr(ns, "name", None), getattr(ns, "file", None)
+    if getattr(ns, "topology", None):
+        from topo.spec import load_spec
+
+        spec = load_spec(ns.topology)
+        config = spec.resolve_config({})
+        name = name or spec.topology.name
+        if not zk and not path:
+            coordinator = str(config.get("coordinator", "embedded"))
+            if coordinator.startswith("zookeeper://"):
+                zk = coordinator
+            elif config.get("status.path"):
+                path = config["status.path"]
+            else:
+                raise StatusError(f"{ns.topology}: the embedded coordinator keeps no shared state; "
+                                  "set status.path in its config (or pass --file) to see a running topology")
+    if path:
+        return read_file(path)
+    if zk:
+        if not name:
+            raise StatusError("--zk needs the topology's name (--name NAME or a topology.yaml)")
+        return read_zookeeper(zk, name, float(getattr(ns, "timeout", 5.0)))
+    raise StatusError("give a topology.yaml, --file PATH or --zk URL --name NAME")
+
+
+def read_file(path: str | os.PathLike[str]) -> tuple[str, list[dict[str, Any]]]:
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise StatusError(f"{p}: no status file (is the topology running with status.path set?)") from None
+    if len(raw) > 16 * 1024 * 1024:
+        raise StatusError(f"{p}: status file too large ({len(raw)} bytes)")
+    try:
+        doc = json.loads(raw)
+        rows = list(doc["tasks"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise StatusError(f"{p}: not a status file ({e})") from None
+    age = time.time() - float(doc.get("written", 0))
+    state = "running" if doc.get("running", True) else "stopped"
+    title = f"topology {doc.get('topology')!r} ({state}, embedded coordinator, status file {p}, {age:.1f}s old)"
+    if state == "running" and age > STALE_S:
+        title += f"  WARNING: not updated for {age:.0f}s: the run may have died"
+    return title, rows
+
+
+def read_zookeeper(url: str, name: str, timeout: float = 5.0) -> tuple[str, list[dict[str, Any]]]:
+    from kazoo.client import KazooClient
+    from kazoo.exceptions import NoNodeError
+    from kazoo.handlers.threading import KazooTimeoutError
+
+    from backpressure.coordinator.zookeeper import parse_zookeeper_url
+    from backpressure.signals import SignalError, TaskState
+
+    hosts, root = parse_zookeeper_url(url)
+    base = f"{root}/{name}/taskstate"
+    client = KazooClient(hosts=hosts, timeout=max(timeout, 1.0))
+    try:
+        client.start(timeout)
+    except KazooTimeoutError:
+        raise StatusError(f"cannot reach ZooKeeper at {hosts}") from None
+    try:
+        try:
+            children = client.get_children(base)
+        except NoNodeError:
+            raise StatusError(f"no topology {name!r} under {root} on {hosts}") from None
+        rows = []
+        for child in children:
+            try:
+                data, _ = client.get(f"{base}/{child}")
+                rows.append(TaskState.decode(data).row())
+            except NoNodeError:
+                continue
+            except SignalError as e:
+                print(f"topo status: skipping {base}/{child}: {e}", file=sys.stderr)
+    finally:
+        client.stop()
+        client.close()
+    if not rows:
+        raise StatusError(f"topology {name!r} has no running tasks under {root} on {hosts}")
+    return f"topology {name!r} (ZooKeeper {hosts}{root}, {len(rows)} tasks)", rows
+
+
+def render(rows: Sequence[dict[str, Any]]) -> str:
+    """The table: one line per task, sorted by task id."""
+    table = [COLUMNS]
+    for r in sorted(rows, key=lambda r: r.get("task", 0)):
+        table.append((str(r.get("component", "")), str(r.get("task", "")), _rate(r.get("rate"), "off"),
+                      _rate(r.get("originv")), str(r.get("k", 0)), "BP" if r.get("backpressure") else "-",
+                      _bytes(r.get("queue_bytes", 0)),
+                      f"{_bytes(r.get('low_mark', 0))} / {_bytes(r.get('high_mark', 0))}"))
+    widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS))]
+    lines = []
+    for row in table:
+        cells = [c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def _rate(v: Any, none: str = "-") -> str:
+    return none if v is None else f"{float(v):,.1f}/s"
+
+
+def _bytes(n: Any) -> str:
+    n = float(n or 0)
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
