@@ -108,6 +108,10 @@ def _fraction(v: Any) -> str | None:
     return None if 0 < v < 1 else "must be between 0 and 1 (exclusive)"
 
 
+def _slow_start(v: Any) -> str | None:
+    return None if 50 < v < 1000 else "must be between 50 and 1000 (exclusive), document 001's slow start"
+
+
 def _port(v: Any) -> str | None:
     return None if 0 <= v <= 65535 else "must be a port number 0..65535"
 
@@ -134,6 +138,26 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("metrics.host", "127.0.0.1", _str, "address the Prometheus exporter listens on"),
     Setting("status.path", None, _str, "file the run writes its task states to every second (for topo status)", nullable=True),
     Setting("seed", None, _int, "seed for shuffle start positions; null picks one at random", nullable=True),
+    Setting("spark.master", "local[*]", _str, "Spark master URL for the spark engine (--master overrides)"),
+    Setting("spark.trigger_interval_ms", 1000.0, _float, "micro-batch interval (t_interval) in milliseconds", check=_positive),
+    Setting("spark.rate_control", "doc001", _str, "admission control: document 001's controller, DStream PID, fixed cap or none",
+            choices=("doc001", "pid", "fixed", "none")),
+    Setting("spark.initial_rate", 500.0, _float, "slow start: records per source partition per second before the first batch ends",
+            check=_slow_start),
+    Setting("spark.min_rate", 100.0, _float, "the controllers never cap a source below this many records/s", check=_non_negative),
+    Setting("spark.max_rate_per_partition", None, _float, "fixed cap in records/s per source partition (rate_control fixed)",
+            nullable=True, check=_positive),
+    Setting("spark.max_rows_per_batch", None, _int, "hard limit on rows per micro-batch per source; null for none",
+            nullable=True, check=_positive),
+    Setting("spark.core_num", None, _int, "cores pre-sharding spreads each batch over; null uses Spark's default parallelism",
+            nullable=True, check=_positive),
+    Setting("spark.shuffle_partitions", None, _int, "partitions of stateful stages (spark.sql.shuffle.partitions); null = core_num",
+            nullable=True, check=_positive),
+    Setting("spark.sink", "sqlite:topo-results.db", _str, "where terminal streams go: sqlite:PATH, postgresql://..., or none"),
+    Setting("spark.checkpoint_dir", None, _str, "streaming checkpoint (keep it to resume a run); null uses a temporary one",
+            nullable=True),
+    Setting("spark.state_dir", None, _str, "directory for the rate files the source reader reads; null uses a temporary one",
+            nullable=True),
 )
 
 BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
