@@ -112,6 +112,12 @@ def _slow_start(v: Any) -> str | None:
     return None if 50 < v < 1000 else "must be between 50 and 1000 (exclusive), document 001's slow start"
 
 
+def _coordinator(v: Any) -> str | None:
+    if v == "embedded" or re.fullmatch(r"zookeeper://[^/\s]+:\d+(,[^/\s]+:\d+)*(/[^\s]*)?", v):
+        return None
+    return "must be embedded or zookeeper://host:port/root"
+
+
 def _port(v: Any) -> str | None:
     return None if 0 <= v <= 65535 else "must be a port number 0..65535"
 
@@ -133,11 +139,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("backpressure.step", 0.5, _float, "v': each backpressure step multiplies the upstream rate by this", check=_fraction),
     Setting("backpressure.sensitivity_ms", 2000.0, _float, "low mark must hold this long before a release; also the check period", check=_positive),
     Setting("backpressure.rate_floor", 1.0, _float, "no step takes a rate below this many tuples/s", check=_positive),
-    Setting("coordinator", "embedded", _str, "where signals travel: embedded, or zookeeper://host:port/root"),
+    Setting("coordinator", "embedded", _str, "where signals travel: embedded, or zookeeper://host:port/root", check=_coordinator),
+    Setting("zookeeper.session_timeout_s", 10.0, _float, "ZooKeeper session timeout; a task state vanishes this long after its process dies", check=_positive),
     Setting("metrics.port", 0, _int, "Prometheus exporter port on 127.0.0.1; 0 turns it off", check=_port),
     Setting("metrics.host", "127.0.0.1", _str, "address the Prometheus exporter listens on"),
     Setting("status.path", None, _str, "file the run writes its task states to every second (for topo status)", nullable=True),
     Setting("seed", None, _int, "seed for shuffle start positions; null picks one at random", nullable=True),
+    Setting("gc.young_threshold", 100_000, _int, "during a local run, allocations between young-generation GC passes (Python's default 700); 0 leaves GC alone", check=_non_negative),
     Setting("spark.master", "local[*]", _str, "Spark master URL for the spark engine (--master overrides)"),
     Setting("spark.trigger_interval_ms", 1000.0, _float, "micro-batch interval (t_interval) in milliseconds", check=_positive),
     Setting("spark.rate_control", "doc001", _str, "admission control: document 001's controller, DStream PID, fixed cap or none",
