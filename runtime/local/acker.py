@@ -8,41 +8,40 @@ it. The ledger is zero exactly when the whole tree is processed (with probabilit
 1 - 2**-64 per update), however the updates interleave, in constant memory per root.
 
 The acker is a plain object called by tasks on the same event loop (no acker task
-and no queue hop); it reports outcomes to the spout task that owns the root
-through a callback, and ``expire`` fails roots older than the message timeout.
+and no queue hop). Each root records its owner as a callback (the owning spout
+task's ``on_outcome``), told of the completion or failure; ``expire`` fails roots
+older than the message timeout.
 """
 from __future__ import annotations
 
 from typing import Callable
 
-# A ledger entry is a 3-item list, [xor, owner spout task id, deadline]: a list is
-# the cheapest mutable record to make and update on the per-tuple path.
+# The owner of a root: told (root, ok, reason) once its tree completes or fails.
+Outcome = Callable[[int, bool, str], None]
+
+# A ledger entry is a 3-item list, [xor, owner, deadline]: a list is the cheapest
+# mutable record to make and update on the per-tuple path.
 XOR, OWNER, DEADLINE = 0, 1, 2
 Entry = list
 
 
-# (owner task id, root, ok, reason)
-Outcome = Callable[[int, int, bool, str], None]
-
-
 class Acker:
-    """Ledger of in-flight roots; ``on_outcome`` is told of each completion or failure."""
+    """Ledger of in-flight roots."""
 
-    def __init__(self, on_outcome: Outcome, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float) -> None:
         # Public so the bolt's ack loop can XOR in place without a call per edge.
         self.ledger: dict[int, Entry] = {}
         self._ledger = self.ledger
-        self._on_outcome = on_outcome
         self.timeout_s = timeout_s
 
     def __len__(self) -> int:
         return len(self._ledger)
 
-    def track(self, root: int, owner: int, edges_xor: int, now: float) -> None:
+    def track(self, root: int, owner: Outcome, edges_xor: int, now: float) -> None:
         """A spout emitted ``root``, creating edges whose ids XOR to ``edges_xor``."""
         if edges_xor == 0:
             # No subscriber got the tuple: the tree is complete at once.
-            self._on_outcome(owner, root, True, "")
+            owner(root, True, "")
             return
         self._ledger[root] = [edges_xor, owner, now + self.timeout_s]
 
@@ -58,12 +57,12 @@ class Acker:
     def complete(self, root: int, e: Entry) -> None:
         """The ledger of ``root`` reached zero: the tree is fully processed."""
         del self._ledger[root]
-        self._on_outcome(e[OWNER], root, True, "")
+        e[OWNER](root, True, "")
 
     def fail(self, root: int, reason: str) -> None:
         e = self._ledger.pop(root, None)
         if e is not None:
-            self._on_outcome(e[OWNER], root, False, reason)
+            e[OWNER](root, False, reason)
 
     def expire(self, now: float) -> int:
         """Fail every root past its deadline. Roots are kept in insertion (= deadline) order."""

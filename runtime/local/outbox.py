@@ -156,12 +156,15 @@ class Outbox:
         if len(plan) == 1 and not plan[0][0]:
             _, lanes, select = plan[0]
 
+            only = lanes[0] if len(lanes) == 1 else None
+
             def emit_tracked_routed(values: Sequence[Any], roots: Sequence[int], parents: Sequence[Tuple] | None,
                                     born: float, getrandbits: Callable[[int], int]) -> int:
                 if len(values) != nfields:
                     raise arity_error(values, stream)
                 edge = getrandbits(64) or 1
-                lanes[select(values)].batch.append(WireTuple((values, origin, fromkeys(roots, edge), born, [0])))
+                (only if only is not None else lanes[select(values)]).batch.append(
+                    WireTuple((values, origin, fromkeys(roots, edge), born, [0])))
                 outbox.pending_count += 1
                 if parents:
                     for p in parents:

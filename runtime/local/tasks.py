@@ -15,6 +15,7 @@ import logging
 import random
 import time
 import types
+from bisect import bisect_left
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -131,7 +132,7 @@ def _tracked_spout_emit(task: "SpoutTask", collector: SpoutCollector) -> Callabl
     fast, tracked = outbox.fast, outbox.tracked
     acker = task.engine.acker
     assert acker is not None
-    ledger, timeout, owner = acker.ledger, acker.timeout_s, task.task_id
+    ledger, timeout = acker.ledger, acker.timeout_s
     pending = task.pending
     getrandbits = task.rng.getrandbits
     perf = time.perf_counter
@@ -153,7 +154,7 @@ def _tracked_spout_emit(task: "SpoutTask", collector: SpoutCollector) -> Callabl
         edges = e(values, (root,), None, born, getrandbits)
         pending[root] = (msg_id, values, stream, _retries, born)
         if edges:
-            ledger[root] = [edges, owner, born + timeout]
+            ledger[root] = [edges, on_outcome, born + timeout]
         else:
             on_outcome(root, True, "")  # no subscriber: complete at once
 
@@ -183,9 +184,12 @@ class SpoutTask(_TaskBase):
     def _handle_outcomes(self) -> None:
         engine, stats, spout = self.engine, self.stats, self.spout
         outcomes, pending = self.outcomes, self.pending
-        observe = stats.complete_latency.observe
-        ack = spout.ack
+        hist = stats.complete_latency
+        bounds, counts = hist.bounds, hist.counts
+        ack = spout.ack if type(spout).ack is not Spout.ack else None
         now = time.perf_counter()
+        acked = 0
+        latency_sum = 0.0
         while outcomes:
             root, ok, reason = outcomes.popleft()
             p = pending.pop(root, None)
@@ -193,9 +197,12 @@ class SpoutTask(_TaskBase):
                 continue
             msg_id, values, stream, retries, born = p
             if ok:
-                stats.acked += 1
-                observe(now - born)
-                ack(msg_id)
+                acked += 1
+                latency = now - born
+                latency_sum += latency
+                counts[bisect_left(bounds, latency)] += 1
+                if ack is not None:
+                    ack(msg_id)
                 continue
             stats.failed += 1
             spout.fail(msg_id)
@@ -209,6 +216,9 @@ class SpoutTask(_TaskBase):
                 stats.dead_lettered += 1
                 engine.dead_letters.write(self.component, self.task_id, msg_id, stream,
                                           values, retries, reason)
+        stats.acked += acked
+        hist.n += acked
+        hist.total += latency_sum
 
     def _chunk(self) -> int:
         """How many tuples to emit between bookkeeping rounds.
