@@ -143,7 +143,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def local_services(config: dict[str, Any], args: argparse.Namespace) -> list[Any]:
-    """What runs beside a local topology: the live console, the Prometheus exporter."""
+    """What runs beside a local topology: the live console, the Prometheus exporter
+    (``metrics.port``) and the status file ``topo status`` reads (``status.path``)."""
     services: list[Any] = []
     if not args.quiet:
         from runtime.local.console import Console
@@ -154,6 +155,10 @@ def local_services(config: dict[str, Any], args: argparse.Namespace) -> list[Any
     exporter = MetricsService.from_config(config)
     if exporter is not None:
         services.append(exporter)
+    if config.get("status.path"):
+        from topo.status import StatusWriter
+
+        services.append(StatusWriter(config["status.path"]))
     return services
 
 
@@ -163,8 +168,12 @@ def summary(topology: Any, result: Any, elapsed: float) -> str:
     reason = getattr(result, "reason", "")
     head = f"topology {topology.name!r} stopped ({reason}) after {elapsed:.1f}s" if reason else \
         f"topology {topology.name!r} finished after {elapsed:.1f}s"
-    if not stats:
-        return head if result is None else f"{head}: {result!r}"
+    if not stats:  # the Spark engine has no tasks; it summarises its batches
+        facts = result.summary() if callable(getattr(result, "summary", None)) else None
+        if not isinstance(facts, dict):
+            return head
+        return "\n".join([head] + [f"  {k}: {v:.6g}" if isinstance(v, float) else f"  {k}: {v}"
+                                   for k, v in facts.items()])
     columns = ("emitted", "executed", "acked", "failed")
     totals: dict[str, list[int]] = {}
     tasks: dict[str, int] = {}
@@ -198,8 +207,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return subprocess.call([sys.executable, "-m", "bench", *args.rest], env=env)
 
 
+# Commands whose own options are parsed elsewhere: every word after them is theirs.
+_PASSTHROUGH = {"status": cmd_status, "bench": cmd_bench}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in _PASSTHROUGH:  # argparse's REMAINDER would reject a leading --option
+        args = argparse.Namespace(command=argv[0], rest=argv[1:], func=_PASSTHROUGH[argv[0]])
+    else:
+        args = build_parser().parse_args(argv)
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
         sys.path.insert(0, cwd)
