@@ -59,6 +59,9 @@ Decisions where the document is silent (each has a test):
 * ``latestError`` is the case-1 error (``blockTime = 0``) of the finished batch before the
   latest one; ``delaySinceUpdate`` is the time between those two batches' ends (7). With
   ``Kd = 0`` neither changes the answer; they are kept so ``Kd`` can be tried.
+* A batch start is reported by the source a little after the trigger's timestamp that
+  the finished batch carries, so a finished batch that began up to ``0.1 * t_interval``
+  before the reported start is taken as the running batch finishing.
 * A finished batch with no elements or no processing time tells nothing about the
   processing rate (Spark skips it too); it neither updates the PID nor breaks the
   three-batch window. It still ends the "previous batch running" state.
@@ -190,7 +193,10 @@ class AdaptiveRateController:
         self._running_start = t_batchst
 
     def on_batch_end(self, info: BatchInfo) -> None:
-        if self._running_start is not None and info.start >= self._running_start - 1e-9:
+        # The finished batch is the running one if it began at about the reported start
+        # (the report comes from the source, a little after the trigger's own timestamp);
+        # an earlier batch began at least one processing time before.
+        if self._running_start is not None and info.start >= self._running_start - 0.1 * self.t_interval:
             self._running_start = None
         if info.processing_rate <= 0:
             return

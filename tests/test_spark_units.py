@@ -1,0 +1,306 @@
+"""Spark engine pieces that need no Spark session: scheduling-delay derivation, the
+feedback loop on fake progress, admission arithmetic, the reader's offsets and
+partitions, topology mapping checks, and the idempotent database sinks."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from backpressure.policy.rate_control import AdaptiveRateController, DStreamPIDController
+from runtime.spark.datasource import (OffsetStreamReader, admit, read_rate, read_start, source_options,
+                                      write_rate, write_start)
+from runtime.spark.listener import (RateFeedback, SourceControl, next_boundary, parse_timestamp,
+                                    scheduling_delay, submission_time)
+from runtime.spark.plan import check, stage_plans, terminal_streams
+from runtime.spark.sinks import open_sink, read_rows, table_name
+from topo.api import Bolt, Spout
+from topo.sources import FileLog, MessageLogSpout, SyntheticSource, Constant
+from topo.state import KeyedBolt
+from topo.topology import TopologyBuilder, TopologyError
+
+
+# -- scheduling delay from trigger times ----------------------------------------------------------
+
+def test_next_boundary_is_strictly_after():
+    assert next_boundary(10.0, 1.0) == 11.0
+    assert next_boundary(10.3, 1.0) == 11.0
+    assert next_boundary(10.999, 0.5) == 11.0
+
+
+def test_on_time_trigger_has_only_jitter():
+    assert scheduling_delay(12.004, 1.0, prev_start=11.0, prev_end=11.4) == pytest.approx(0.004)
+
+
+def test_late_trigger_waits_for_the_overrunning_batch():
+    # previous started at 11.0, ran until 12.3; the trigger due at 12.0 fires at 12.31
+    assert submission_time(12.31, 1.0, prev_start=11.0, prev_end=12.3) == 12.0
+    assert scheduling_delay(12.31, 1.0, prev_start=11.0, prev_end=12.3) == pytest.approx(0.31)
+    # a batch 2.3 s long: Spark's next trigger was due 1.3 s before it could start
+    assert scheduling_delay(13.3, 1.0, prev_start=11.0, prev_end=13.3) == pytest.approx(1.3)
+
+
+def test_no_data_trigger_in_between_is_not_late():
+    # previous overran to 12.3, the trigger at 12.3 found nothing, data at 13.0
+    assert scheduling_delay(13.0, 1.0, prev_start=11.0, prev_end=12.3) == pytest.approx(0.0)
+    # a long idle gap
+    assert scheduling_delay(20.002, 1.0, prev_start=11.0, prev_end=11.5) == pytest.approx(0.002)
+
+
+def test_first_batch_starts_at_query_start():
+    assert scheduling_delay(100.81, 1.0, origin=100.8) == pytest.approx(0.01)
+    assert scheduling_delay(100.81, 1.0) == pytest.approx(0.81)
+
+
+def test_parse_timestamp():
+    assert parse_timestamp("1970-01-01T00:00:01.250Z") == pytest.approx(1.25)
+
+
+# -- the feedback loop on fake progress -------------------------------------------------------------
+
+def progress(batch_id: int, start: float, duration_ms: int, rows: int, end_offset: dict | None = None) -> dict:
+    ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(start)) + f".{int(round((start % 1) * 1000)):03d}Z"
+    return {"batchId": batch_id, "timestamp": ts, "numInputRows": rows,
+            "durationMs": {"triggerExecution": duration_ms},
+            "sources": [{"description": "x", "numInputRows": rows,
+                         "endOffset": json.dumps(end_offset) if end_offset else None}]}
+
+
+def test_feedback_publishes_and_feeds_the_controller(tmp_path):
+    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500, min_rate=10)
+    fb = RateFeedback(1.0, {"s": SourceControl("s", c, bound={0: 10, 1: 10})}, str(tmp_path))
+    assert fb.submit(1000.0) == {"s": 1000}
+    assert read_rate(str(tmp_path), "s") == (True, 1000.0)
+    write_start(str(tmp_path), "s", 1000.002, 1000, 1000.0)
+    rec = fb.on_progress(progress(0, 1000.0, 500, 1000, {"0": 5, "1": 5}))
+    assert rec.scheduling_delay == pytest.approx(0.0) and rec.cap_by_source == {"s": 1000}
+    assert fb.input_rows == 1000 and not fb.exhausted()
+    # case 1 PID: processing rate 2000 -> cap 2000
+    assert fb.submit(1001.0)["s"] == pytest.approx(2000)
+    # next batch starts at 1001 and is still running at the next submission: case 3
+    write_start(str(tmp_path), "s", 1001.003, 2000, 2000.0)
+    fb.submit(1002.0)
+    assert c.last_case == 3
+    fb.on_progress(progress(1, 1001.0, 1500, 2000, {"0": 10, "1": 10}))
+    assert fb.exhausted()
+    assert [b.batch_id for b in fb.batches] == [0, 1]
+
+
+def test_feedback_ignores_empty_progress_and_stale_starts(tmp_path):
+    c = DStreamPIDController(1.0, 1)
+    fb = RateFeedback(1.0, {"s": SourceControl("s", c)}, str(tmp_path))
+    assert fb.on_progress(progress(0, 5.0, 100, 0)) is None
+    write_start(str(tmp_path), "s", 4.0, 10, None)
+    fb.last_end = 4.5
+    fb.submit(6.0)
+    assert fb.sources["s"].last_start_report == 0.0
+    assert not fb.exhausted()
+
+
+def test_state_files_roundtrip(tmp_path):
+    write_rate(str(tmp_path), "a", None, 1.0)
+    assert read_rate(str(tmp_path), "a") == (True, None)
+    assert read_rate(str(tmp_path), "missing") == (False, None)
+    assert read_start(str(tmp_path), "a") is None
+    (tmp_path / "big.rate.json").write_text("x" * 70_000)
+    with pytest.raises(ValueError):
+        read_rate(str(tmp_path), "big")
+
+
+# -- admission control and the reader ---------------------------------------------------------------
+
+def test_admit_caps_per_partition_and_respects_latest_and_bound():
+    start = {0: 10, 1: 0, 2: 5}
+    latest = {0: 100, 1: 3, 2: 5}
+    assert admit(start, latest, None, 20, None) == {0: 30, 1: 3, 2: 5}
+    assert admit(start, latest, None, None, None) == {0: 100, 1: 3, 2: 5}
+    assert admit(start, latest, {0: 15, 1: 9, 2: 5}, 20, None) == {0: 15, 1: 3, 2: 5}
+    assert admit(start, latest, None, 20, 25) == {0: 30, 1: 3, 2: 5}
+    assert admit(start, latest, None, 20, 12) == {0: 22, 1: 10 - 10, 2: 5}
+
+
+def make_reader(tmp_path, source, rate: float | None, interval=1.0, core_num=4, bound=None):
+    state = tmp_path / "state"
+    state.mkdir(exist_ok=True)
+    write_rate(str(state), "spout", rate, 0.0)
+    opts = source_options("spout", source, [0, 1], core_num=core_num, interval_s=interval,
+                          state_dir=str(state), bound=bound, max_rows=None)
+    return OffsetStreamReader(opts), state
+
+
+def test_reader_admission_presharding_and_read(tmp_path):
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+    src = SyntheticSource(Constant(1000), partitions=2).started_at(time.time() - 100)   # 100k available
+    reader, state = make_reader(tmp_path, src, rate=600.0)
+    start = reader.initialOffset()
+    assert start == {"0": 0, "1": 0}
+    end = reader.latestOffset(start, reader.getDefaultReadLimit())
+    assert end == {"0": 300, "1": 300}              # 600/s * 1 s / 2 partitions
+    report = read_start(str(state), "spout")
+    assert report["rows"] == 600 and report["rate"] == 600.0
+    parts = reader.partitions(start, end)            # map_num = lcm(2,4)/2 = 2
+    assert [(p.partition, p.start, p.end) for p in parts] == [(0, 0, 150), (0, 150, 300), (1, 0, 150), (1, 150, 300)]
+    batches = list(reader.read(parts[1]))
+    ids = [msgpack.unpackb(v)[0] for b in batches for v in b.column("v").to_pylist()]
+    assert ids == [o * 2 for o in range(150, 300)]
+    assert set(batches[0].column("src").to_pylist()) == {"spout"}
+    # ReadAllAvailable (Trigger.AvailableNow) ignores the controller
+    assert int(reader.latestOffset(end, ReadAllAvailable())["0"]) > 40_000
+    assert reader.latestOffset(end, ReadMaxRows(10)) == {"0": 310, "1": 300}
+
+
+def test_reader_uneven_presharding_and_bound(tmp_path):
+    log = FileLog(tmp_path / "log", "t", partitions=3)
+    for i in range(20):
+        log.produce_to(i % 3, f"v{i}")
+    reader, _ = make_reader(tmp_path, log, rate=None, core_num=2, bound={0: 7, 1: 5, 2: 6})
+    reader.pick = [3]
+    end = reader.latestOffset(reader.initialOffset(), reader.getDefaultReadLimit())
+    assert end == {"0": 7, "1": 5, "2": 6}
+    parts = reader.partitions(reader.initialOffset(), end)   # map_num = lcm(3,2)/3 = 2
+    assert [(p.partition, p.end - p.start) for p in parts] == [(0, 4), (0, 3), (1, 3), (1, 2), (2, 3), (2, 3)]
+    values = [msgpack.unpackb(v)[0] for p in parts for b in reader.read(p) for v in b.column("v").to_pylist()]
+    bound = {0: 7, 1: 5, 2: 6}
+    assert sorted(values) == sorted(f"v{i}" for i in range(20) if i // 3 < bound[i % 3])
+
+
+# -- which topologies map ------------------------------------------------------------------------------
+
+class Words(Bolt):
+    outputs = ["word"]
+
+    def execute(self, t):
+        self.collector.emit([t[0]])
+
+
+class Keyed(KeyedBolt):
+    outputs = ["word", "n"]
+    key_fields = ("word",)
+
+    def process(self, t, state):
+        state["n"] = state.get("n", 0) + 1
+
+
+class PlainSpout(Spout):
+    outputs = ["x"]
+
+    def next_tuple(self):
+        pass
+
+
+def test_check_names_unmappable_components(tmp_path):
+    b = TopologyBuilder("bad")
+    b.spout("plain", PlainSpout())
+    b.bolt("w", Words()).shuffle("plain")
+    b.bolt("k", Keyed()).shuffle("w")
+    problems = check(b.build())
+    assert any("spout 'plain'" in p and "offset-addressable" in p for p in problems)
+    assert any("bolt 'k'" in p and "KeyedBolt" in p for p in problems)
+    with pytest.raises(TopologyError, match="cannot run on Spark"):
+        stage_plans(b.build(), {})
+
+
+def test_modes_and_terminal_streams(tmp_path):
+    FileLog(tmp_path, "t", partitions=1)
+    b = TopologyBuilder("ok")
+    b.spout("s", MessageLogSpout(str(tmp_path), "t", columns=("value",)))
+    b.bolt("w", Words()).shuffle("s")
+    b.bolt("k", Keyed(), 2).fields("w", "word")
+    b.bolt("g", Words()).global_("w")
+    b.bolt("a", Words()).all("w")
+    topo = b.build()
+    assert check(topo) == []
+    plans = stage_plans(topo, {})
+    assert {c: p.mode for c, p in plans.items()} == {"w": "partition", "k": "keyed", "g": "task", "a": "task"}
+    assert plans["k"].routes[("w", "default")].positions == (0,)
+    assert terminal_streams(topo) == {"k": ["default"], "g": ["default"], "a": ["default"]}
+
+
+# -- database sinks, idempotent by batch --------------------------------------------------------------------
+
+STREAMS = {("count", "default"): ("word", "count"), ("count", "errors"): ("msg",)}
+
+
+def exercise_sink(url: str) -> None:
+    sink = open_sink(url, STREAMS)
+    rows = {("count", "default"): [["a", 1], ["b", 2]], ("count", "errors"): [[{"x": 1}]]}
+    assert sink.write_batch("q1", 0, rows) is True
+    assert sink.write_batch("q1", 0, rows) is False          # a replayed batch: skipped
+    assert sink.write_batch("q1", 1, {("count", "default"): [["a", 3]]}) is True
+    assert sink.write_batch("q2", 0, {("count", "default"): [["z", 9]]}) is True   # another query
+    sink.close()
+    got = [(r[0], r[1], r[2], r[3], r[4]) for r in read_rows(url, "count")]
+    assert got == [("q1", 0, 0, "a", 1), ("q1", 0, 1, "b", 2), ("q1", 1, 0, "a", 3), ("q2", 0, 0, "z", 9)]
+    errs = read_rows(url, "count", "errors")
+    assert len(errs) == 1
+
+
+def test_sqlite_sink_idempotent_by_batch(tmp_path):
+    exercise_sink(f"sqlite:{tmp_path}/out.db")
+    assert table_name("my-bolt", "default") == "my_bolt" and table_name("b", "err") == "b_err"
+    with pytest.raises(ValueError):
+        open_sink("mysql://x", STREAMS)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def postgres_url():
+    bindir = next((p for p in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)), None)
+    if bindir is None or not (bindir / "initdb").exists():
+        pytest.skip("PostgreSQL server binaries not installed")
+    runas: list[str] = []
+    if os.geteuid() == 0:        # postgres refuses to run as root
+        runas = ["runuser", "-u", "postgres", "--"]
+    d = Path(tempfile.mkdtemp(prefix="topo-pg-"))
+    if runas:
+        shutil.chown(d, "postgres")
+    data = d / "data"
+    port = free_port()
+    subprocess.run(runas + [str(bindir / "initdb"), "-D", str(data), "-U", "topo", "--auth=trust"],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(runas + [str(bindir / "postgres"), "-D", str(data), "-h", "127.0.0.1",
+                                     "-p", str(port), "-k", str(d)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        import psycopg
+        url = f"postgresql://topo@127.0.0.1:{port}/postgres"
+        for _ in range(200):
+            try:
+                psycopg.connect(url, connect_timeout=2).close()
+                break
+            except psycopg.OperationalError:
+                time.sleep(0.05)
+        else:
+            raise RuntimeError("postgres did not start")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(20)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_postgres_sink_idempotent_by_batch(postgres_url):
+    from psycopg.types.json import Jsonb  # noqa: F401
+    sink = open_sink(postgres_url, STREAMS)
+    rows = {("count", "default"): [["a", 1], ["b", 2]], ("count", "errors"): [[{"x": 1}]]}
+    assert sink.write_batch("q1", 0, rows) is True
+    assert sink.write_batch("q1", 0, rows) is False
+    assert sink.write_batch("q1", 1, {("count", "default"): [["a", 3]]}) is True
+    sink.close()
+    got = [(r[1], r[2], r[3], r[4]) for r in read_rows(postgres_url, "count")]
+    assert got == [(0, 0, "a", 1), (0, 1, "b", 2), (1, 0, "a", 3)]
+    assert read_rows(postgres_url, "count", "errors")[0][3] == {"x": 1}
