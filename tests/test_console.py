@@ -60,10 +60,10 @@ def test_table_rows_per_component_and_task() -> None:
     ]
     text = _text(render_table(records, "topology 't'"))
     header = next(line for line in text.splitlines() if "component" in line)
-    for column in ("task", "rate (obs / limit)", "queue (L low, H high)", "backpressure", "acked", "failed"):
+    for column in ("task", "rate (limit / observed)", "queue (L low, H high)", "backpressure", "acked", "failed"):
         assert column in header
     src = next(line for line in text.splitlines() if "src" in line)
-    assert "2.5k/s / 1.2k/s" in src and "ok k=1" in src and "11.5k" in src
+    assert "1.2k/s / 2.5k/s" in src and "ok k=1" in src and "11.5k" in src
     work = next(line for line in text.splitlines() if "work" in line)
     assert "2 tasks" in work and "BP k=2" in work and "1.7k" in work and "60.0MB" in work
     task3 = next(line for line in text.splitlines() if re.search(r"│\s+│ 3\s", line))
@@ -135,8 +135,8 @@ def _run_in_pty(argv: list[str], cwd: Path, timeout: float = 60.0) -> tuple[int,
 def test_live_table_under_a_terminal(tmp_path: Path) -> None:
     code, screen = _run_in_pty(_topo_cmd(tmp_path, "--duration", "2.5"), tmp_path)
     assert code == 0, screen[-3000:]
-    assert re.search(r"┃ component\s+┃ task\s+┃ rate \(obs / limit\)\s+┃ queue", screen), screen[-3000:]
-    assert re.search(r"│ sentences\s+│ 1\s+│ [\d.]+k?/s / -", screen)
+    assert re.search(r"┃ component\s+┃ task\s+┃ rate \(limit / observed\)\s+┃ queue", screen), screen[-3000:]
+    assert re.search(r"│ sentences\s+│ 1\s+│ - / [\d.]+k?/s", screen)
     assert re.search(r"│ split\s+│ 2 tasks\s+│", screen)
     assert screen.count("┃ component") >= 2  # redrawn, not printed once
     assert re.search(r"━+.* [12]s/2s", screen)  # the progress bar of a bounded run

@@ -47,11 +47,10 @@ def _bytes(n: float) -> str:
 
 
 def rate_text(record: Record) -> Text:
-    """``observed / limit``; the limit reads ``-`` when the limiter is off (k == 0)."""
+    """``limit / observed`` emits per second; the limit reads ``-`` when the limiter is off."""
     limit = record.get("rate")
-    text = Text(f"{_si(record.get('observed_rate') or 0.0)}/s")
-    text.append(" / ")
-    text.append("-" if limit is None else f"{_si(limit)}/s", style=None if limit is None else "yellow")
+    text = Text("-" if limit is None else f"{_si(limit)}/s", style="dim" if limit is None else "yellow")
+    text.append(f" / {_si(record.get('observed_rate') or 0.0)}/s")
     return text
 
 
@@ -107,7 +106,7 @@ def _total(records: Sequence[Record]) -> Record:
     }
 
 
-COLUMNS = ("component", "task", "rate (obs / limit)", "queue (L low, H high)", "backpressure",
+COLUMNS = ("component", "task", "rate (limit / observed)", "queue (L low, H high)", "backpressure",
            "emitted", "acked", "failed")
 
 
