@@ -133,6 +133,13 @@ def test_rate_limiter_rejects_nonsense_rates():
             RateLimiter().set_rate(bad)
 
 
+def test_ewma_rate_is_unbiased_from_the_first_interval():
+    ewma = EwmaRate(tau_s=2.0)
+    ewma.sample(0, 10.0)
+    assert ewma.sample(5_000, 10.25) == pytest.approx(20_000)  # not 20,000 * (1 - e**-0.125)
+    assert ewma.sample(10_000, 10.5) == pytest.approx(20_000)
+
+
 def test_ewma_rate_converges_to_a_steady_rate():
     ewma = EwmaRate(tau_s=1.0)
     total = 0
