@@ -5,6 +5,7 @@ Prometheus will actually see: names, label sets, cumulative buckets.
 """
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 import urllib.error
@@ -230,16 +231,29 @@ def _port_is_free(port: int) -> bool:
         return True
 
 
-async def test_service_serves_and_stop_closes_the_port() -> None:
+def _get(url: str) -> tuple[int, str, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.headers["Content-Type"], r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers["Content-Type"], e.read().decode()
+
+
+@pytest.mark.parametrize("threaded", [False, True], ids=["on-loop", "threaded"])
+async def test_service_serves_and_stop_closes_the_port(threaded: bool) -> None:
     engine = SimpleNamespace(stats=tasks(), topology=SimpleNamespace(name="wc"), config={})
-    svc = MetricsService(port=0)
+    svc = MetricsService(port=0, threaded=threaded)
     await svc.start(engine)
     try:
         port = svc.server.port
         assert svc.server.host == "127.0.0.1"
-        with urllib.request.urlopen(svc.url, timeout=5) as r:
-            body = r.read().decode()
+        # the client runs in a thread: the on-loop server answers from this test's loop
+        status, ctype, body = await asyncio.to_thread(_get, svc.url)
+        assert status == 200 and ctype.startswith("text/plain")
         assert 'topo_queue_bytes{component="count",task="1",topology="wc"}' in body
+        if not threaded:  # prometheus_client's WSGI app answers every path with the metrics
+            status, _, _ = await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/nothing")
+            assert status == 404
         assert not _port_is_free(port)
     finally:
         t0 = time.perf_counter()
@@ -248,5 +262,23 @@ async def test_service_serves_and_stop_closes_the_port() -> None:
     assert stop_s < 0.3, "stop must not hold the topology's shutdown"
     assert _port_is_free(port)
     with pytest.raises(urllib.error.URLError):
-        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+        await asyncio.to_thread(urllib.request.urlopen, f"http://127.0.0.1:{port}/metrics", None, 2)
     await svc.stop()  # idempotent
+
+
+async def test_on_loop_server_survives_bad_clients() -> None:
+    engine = SimpleNamespace(stats=tasks(), topology=SimpleNamespace(name="wc"), config={})
+    svc = MetricsService(port=0)
+    await svc.start(engine)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", svc.server.port)
+        writer.write(b"GET /metr")  # half a request, then gone
+        writer.close()
+        reader, writer = await asyncio.open_connection("127.0.0.1", svc.server.port)
+        writer.write(b"POST /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (await reader.readline()).startswith(b"HTTP/1.1 405")
+        writer.close()
+        status, _, body = await asyncio.to_thread(_get, svc.url)
+        assert status == 200 and "topo_tuples_emitted_total" in body
+    finally:
+        await svc.stop()
