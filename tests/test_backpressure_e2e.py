@@ -138,15 +138,20 @@ async def monitored(engine: LocalEngine) -> AsyncIterator[Monitor]:
         watcher.cancel()
 
 
-async def test_slow_bolt_steps_the_spout_down_and_back_to_exactly_originv(backend: Backend) -> None:
+def spout_into_slow_bolt(backend: Backend, name: str) -> tuple[Box, dict[str, Any], StepwiseFlowControl, LocalEngine]:
+    """spout (offers 20,000/s) -> slow (manages 5,000/s until ``box.rate["slow"]`` changes)."""
     box = Box()
     box.rate["slow"] = 5_000.0
-    b = TopologyBuilder("e2e-direct")
+    b = TopologyBuilder(name)
     b.spout("spout", Offered(box, 20_000.0))
     b.bolt("slow", Paced(box, "slow")).shuffle("spout")
     cfg = config()
-    fc = flow_for(backend, cfg, "e2e-direct")
-    engine = LocalEngine(b.build(), cfg, flow=fc)
+    fc = flow_for(backend, cfg, name)
+    return box, cfg, fc, LocalEngine(b.build(), cfg, flow=fc)
+
+
+async def test_slow_bolt_steps_the_spout_down_and_back_to_exactly_originv(backend: Backend) -> None:
+    box, cfg, fc, engine = spout_into_slow_bolt(backend, "e2e-direct")
     async with monitored(engine) as mon:
         spout, slow = mon.by_component["spout"], mon.by_component["slow"]
         # The slow bolt cannot keep up: the spout is stepped down.
@@ -210,14 +215,7 @@ async def test_coordinator_outage_and_session_expiry_mid_run_lose_nothing(backen
     """ZooKeeper stopped (then started again) and the session expired while the topology runs:
     tuples keep flowing at the last rates set, the hard bound holds, nothing is lost, and once
     the coordinator is back the spout still climbs back to originv."""
-    box = Box()
-    box.rate["slow"] = 5_000.0
-    b = TopologyBuilder("e2e-outage")
-    b.spout("spout", Offered(box, 20_000.0))
-    b.bolt("slow", Paced(box, "slow")).shuffle("spout")
-    cfg = config()
-    fc = flow_for(backend, cfg, "e2e-outage")
-    engine = LocalEngine(b.build(), cfg, flow=fc)
+    box, cfg, fc, engine = spout_into_slow_bolt(backend, "e2e-outage")
     async with monitored(engine) as mon:
         spout, slow = mon.by_component["spout"], mon.by_component["slow"]
         await until(lambda: spout.stats.k >= 1, 15, what="the spout stepped down")
