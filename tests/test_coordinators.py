@@ -224,3 +224,67 @@ async def test_release_kind_round_trips(backend: Backend) -> None:
     async with one_process(backend, [1]) as c:
         c.send(sig(2, 1, k=0, seq=3, kind=RELEASE))
         assert await drain(c, 1) == [sig(2, 1, k=0, seq=3, kind=RELEASE)]
+
+
+def test_factory_maps_policy_and_coordinator() -> None:
+    from backpressure.coordinator.embedded import EmbeddedCoordinator
+    from backpressure.coordinator.zookeeper import ZooKeeperCoordinator
+    from backpressure.factory import make_flow_control
+    from backpressure.seams import NoFlowControl
+    from backpressure.stepwise import StepwiseFlowControl
+    from topo.config import ConfigError, resolve
+
+    assert isinstance(make_flow_control(resolve({"backpressure.policy": "none"}), "t"), NoFlowControl)
+    fc = make_flow_control(resolve({"backpressure.step": 0.25, "queue.high_mark": "10MB"}), "t")
+    assert isinstance(fc, StepwiseFlowControl) and isinstance(fc.coordinator, EmbeddedCoordinator)
+    assert fc.params.step == 0.25 and fc.params.high_mark == 10_000_000 and fc.coordinator.base == "/topo/t"
+    zk = make_flow_control(resolve({"coordinator": "zookeeper://127.0.0.1:1/apps/topo"}), "wc")
+    assert isinstance(zk, StepwiseFlowControl) and isinstance(zk.coordinator, ZooKeeperCoordinator)
+    assert zk.coordinator.msg_path == "/apps/topo/wc/taskmessage"
+    assert zk.coordinator.state_path == "/apps/topo/wc/taskstate"
+    with pytest.raises(ConfigError):
+        resolve({"coordinator": "zk://nowhere"})
+
+
+@pytest.mark.zookeeper
+async def test_engine_run_through_the_factory_on_zookeeper_leaves_no_state(zookeeper) -> None:  # type: ignore[no-untyped-def]
+    from kazoo.client import KazooClient
+
+    from runtime.local.engine import LocalEngine
+    from topo.api import Bolt, EndOfStream, Spout
+    from topo.topology import TopologyBuilder
+
+    class Numbers(Spout):
+        outputs = ["n"]
+
+        def __init__(self) -> None:
+            self.i = 0
+
+        def next_tuple(self) -> None:
+            if self.i >= 5000:
+                raise EndOfStream
+            self.collector.emit([self.i])
+            self.i += 1
+
+    class Sink(Bolt):
+        def execute(self, tup) -> None:  # type: ignore[no-untyped-def]
+            pass
+
+    zookeeper.start()
+    url = zookeeper.url("/topo-factory")
+    b = TopologyBuilder("viafactory")
+    b.spout("numbers", Numbers())
+    b.bolt("sink", Sink(), 2).shuffle("numbers")
+    engine = LocalEngine(b.build(), {"coordinator": url, "backpressure.sensitivity_ms": 100})
+    result = await engine.run()
+    assert result.component_totals()["sink"]["executed"] == 5000
+    client = KazooClient(hosts=zookeeper.hosts)
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, client.start, 10)
+    try:
+        states = await loop.run_in_executor(None, client.get_children, "/topo-factory/viafactory/taskstate")
+        messages = await loop.run_in_executor(None, client.get_children, "/topo-factory/viafactory/taskmessage")
+    finally:
+        await loop.run_in_executor(None, client.stop)
+        client.close()
+    assert states == [] and messages == []

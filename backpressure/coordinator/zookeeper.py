@@ -113,7 +113,10 @@ class KazooStore:
         fut: asyncio.Future[Any] = loop.create_future()
 
         def done(r: Any) -> None:        # runs in a kazoo thread
-            loop.call_soon_threadsafe(_settle, fut, r)
+            try:
+                loop.call_soon_threadsafe(_settle, fut, r)
+            except RuntimeError:        # the loop is closed: nobody is waiting any more
+                pass
 
         result.rawlink(done)
         return await fut
@@ -128,7 +131,10 @@ class KazooStore:
         if name is None or self._loop is None:
             return
         for cb in self._listeners:
-            self._loop.call_soon_threadsafe(cb, name)
+            try:
+                self._loop.call_soon_threadsafe(cb, name)
+            except RuntimeError:
+                return
 
 
 class _Forward:
@@ -145,7 +151,10 @@ class _Forward:
         kind = _EVENTS.get(event.type, SESSION)
         loop = self.store._loop
         if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self.watch, WatchEvent(kind, event.path if kind != SESSION else None))
+            try:
+                loop.call_soon_threadsafe(self.watch, WatchEvent(kind, event.path if kind != SESSION else None))
+            except RuntimeError:
+                pass
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, _Forward) and other.store is self.store and other.watch == self.watch
