@@ -166,8 +166,9 @@ def summary(topology: Any, result: Any, elapsed: float) -> str:
     """Per-component totals after a run, as plain aligned text (fine in logs and pipes)."""
     stats = getattr(result, "stats", None)
     reason = getattr(result, "reason", "")
-    head = f"topology {topology.name!r} stopped ({reason}) after {elapsed:.1f}s" if reason else \
-        f"topology {topology.name!r} finished after {elapsed:.1f}s"
+    head = (f"topology {topology.name!r} stopped ({reason}) after {elapsed:.1f}s"
+            if reason and reason != "exhausted" else
+            f"topology {topology.name!r} finished (its spouts ended) after {elapsed:.1f}s")
     if not stats:  # the Spark engine has no tasks; it summarises its batches
         facts = result.summary() if callable(getattr(result, "summary", None)) else None
         if not isinstance(facts, dict):
