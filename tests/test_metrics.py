@@ -172,15 +172,21 @@ def test_time_split_is_ms_per_second_between_samples() -> None:
     f = scrape(registry)
     assert value(f["topo_busy_time_ms_per_second"], "topo_busy_time_ms_per_second",
                  component="count") == pytest.approx(600.0)
-    # a task that books more than the wall time (a long execute ending now) never exceeds 1000
+    # the engine books time on its ticker, not at the scrape: shares of what it booked
+    # since the last sample still add up to 1000
     clock.advance(0.9)
-    bolt.busy_ns += 2_900_000_000
+    bolt.idle_ns += 500_000_000
+    bolt.backpressured_ns += 250_000_000
     f = scrape(registry)
-    total = sum(value(f[n], n, component="count") for n in (
-        "topo_busy_time_ms_per_second", "topo_idle_time_ms_per_second", "topo_backpressured_time_ms_per_second"))
-    assert total == pytest.approx(1000.0)
-    assert value(f["topo_busy_time_ms_per_second"], "topo_busy_time_ms_per_second",
-                 component="count") == pytest.approx(1000.0)
+    split3 = [value(f[n], n, component="count") for n in (
+        "topo_busy_time_ms_per_second", "topo_idle_time_ms_per_second", "topo_backpressured_time_ms_per_second")]
+    assert split3 == pytest.approx([1000 * 0.1 / 0.85, 1000 * 0.5 / 0.85, 1000 * 0.25 / 0.85])
+    assert sum(split3) == pytest.approx(1000.0)
+    # nothing booked since: the last values stand rather than a burst of zeros
+    clock.advance(1.5)
+    f = scrape(registry)
+    assert value(f["topo_idle_time_ms_per_second"], "topo_idle_time_ms_per_second",
+                 component="count") == pytest.approx(1000 * 0.5 / 0.85)
 
 
 def test_spark_stats_families() -> None:

@@ -202,6 +202,15 @@ def check_dashboard(prom: Prometheus, topology: str, timeout: float = 30.0) -> N
     assert not failures, "dashboard queries without data:\n" + "\n".join(failures)
 
 
+def assert_time_split_sums_to_1000(prom: Prometheus, topology: str, tasks: int) -> None:
+    """Flink's three-way split: busy + idle + backpressured is 1000 ms per second per task."""
+    total = prom.query(f'topo_busy_time_ms_per_second{{topology="{topology}"}} + '
+                       f'topo_idle_time_ms_per_second + topo_backpressured_time_ms_per_second')
+    assert len(total) == tasks, total
+    for r in total:
+        assert float(r["value"][1]) == pytest.approx(1000.0, abs=0.01), r
+
+
 # ---------------------------------------------------------------- sources
 
 class SyntheticLoad:
@@ -378,12 +387,7 @@ async def test_dashboard_queries_against_synthetic_stats(prometheus: Callable[[l
         with SyntheticLoad(tasks, spark):
             prom = prometheus([f"127.0.0.1:{service.server.port}"])
             await asyncio.to_thread(check_dashboard, prom, "synthetic")
-            # the three-way split adds up to about 1000 ms per second
-            total = prom.query('sum by (task) (topo_busy_time_ms_per_second{topology="synthetic"} '
-                               '+ topo_idle_time_ms_per_second + topo_backpressured_time_ms_per_second)')
-            assert len(total) == len(tasks)
-            for r in total:
-                assert 900 <= float(r["value"][1]) <= 1000.001, r
+            assert_time_split_sums_to_1000(prom, "synthetic", len(tasks))
     finally:
         await service.stop()
 
@@ -422,6 +426,7 @@ def test_dashboard_queries_against_running_topology(prometheus: Callable[[list[s
         assert executed and float(executed[0]["value"][1]) > 0
         tasks = prom.query(f'count by (component) (topo_queue_bytes{{topology="{name}"}})')
         assert {r["metric"]["component"]: int(r["value"][1]) for r in tasks} == {"numbers": 1, "split": 2, "count": 1}
+        assert_time_split_sums_to_1000(prom, name, 4)
     finally:
         stop_batches.set()
         feeder.join(5)

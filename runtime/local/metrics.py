@@ -12,13 +12,18 @@ in one process (tests, a benchmark) never see each other's series, and nothing
 registers into prometheus_client's global default registry.
 
 Busy / idle / backpressured time per second (Flink's ``busyTimeMsPerSecond`` and its
-two siblings) is derived from the ns counters between two samples: each is its share
-of the window's wall time, in ms per s. The denominator is the larger of the wall
-time and the sum of the three deltas, so the three never add up to more than 1000
-even when a task books a long busy stretch after the window started. Samples closer
-together than ``min_window_s`` reuse the last result, so a second scraper (a test, a
-curl) does not shrink Prometheus's windows to noise. The raw counters are exported
-too (``topo_*_seconds_total``), for ``rate()`` over any window.
+two siblings) is derived from the ns counters between two samples: each delta's share
+of the three deltas' sum, times 1000. The engine books all of a task's wall time into
+those counters (busy is what is neither idle nor backpressured), but only on its
+ticker, so dividing by the scrape-to-scrape wall time would read low or high by up to
+a tick depending on where a scrape falls; the sum is the window as the engine measured
+it, and the three add up to 1000. Samples closer together than ``min_window_s`` reuse
+the last result, so a second scraper (a test, a curl) does not shrink Prometheus's
+windows to noise. The raw counters are exported too (``topo_*_seconds_total``), for
+``rate()`` over any window.
+
+Scrapes are served from the engine's event loop (``AsyncMetricsServer``): collecting
+there reads ``TaskStats`` on the thread that writes them and costs only its CPU time.
 
 Values that are "off" in ``TaskStats`` (``rate_limit`` or ``originv`` is None) are
 exported as 0: a real limit is never 0 (``backpressure.rate_floor`` > 0), and a
@@ -152,14 +157,18 @@ class _Sample:
 
 
 class TimeSplit:
-    """Busy / idle / backpressured ms per second, from ns counters between samples."""
+    """Busy / idle / backpressured ms per second, from ns counters between samples.
+
+    The clock only decides when a window is long enough; the shares come from the
+    counters themselves (see the module docstring).
+    """
 
     def __init__(self, min_window_s: float = 1.0, clock: Callable[[], int] = time.monotonic_ns) -> None:
         self.min_window_ns = int(min_window_s * 1e9)
         self.clock = clock
         self._anchor: dict[tuple[str, str, int], _Sample] = {}
         self._last: dict[tuple[str, str, int], tuple[float, float, float]] = {}
-        self._lock = threading.Lock()  # the HTTP server scrapes from its own threads
+        self._lock = threading.Lock()  # the threaded server may scrape from two threads at once
 
     def prime(self, tasks: Iterable[TaskStats]) -> None:
         """Take the first sample (at service start) so the first scrape has a window."""
@@ -182,8 +191,8 @@ class TimeSplit:
             if key in self._last and now - prev.at_ns < self.min_window_ns:
                 return self._last[key]
             d_busy, d_idle, d_bp = cur.busy - prev.busy, cur.idle - prev.idle, cur.bp - prev.bp
-            denom = max(now - prev.at_ns, d_busy + d_idle + d_bp)
-            if denom <= 0:
+            denom = d_busy + d_idle + d_bp
+            if denom <= 0:  # no tick booked time since the last sample
                 return self._last.get(key, (0.0, 0.0, 0.0))
             out = (1000.0 * d_busy / denom, 1000.0 * d_idle / denom, 1000.0 * d_bp / denom)
             self._anchor[key] = cur
