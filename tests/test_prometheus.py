@@ -44,8 +44,9 @@ DASHBOARD = ROOT / "configs" / "grafana-dashboard.json"
 PROMETHEUS_YML = ROOT / "configs" / "prometheus.yml"
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
-# What Grafana would substitute; 5s holds about five 1s scrapes.
-SUBSTITUTIONS = {"$__rate_interval": "5s", "$topology": ".*", "$component": ".*"}
+# What Grafana would substitute; rate() over 15s needs two of the 1s scrapes and rides out
+# a few seconds without acks while flow control holds a spout back.
+SUBSTITUTIONS = {"$__rate_interval": "15s", "$topology": ".*", "$component": ".*"}
 needs_prometheus = pytest.mark.skipif(PROMETHEUS is None, reason="Debian prometheus package not installed")
 
 
@@ -317,12 +318,16 @@ class EngineThread:
 
 
 def small_topology(name: str) -> Any:
-    """spout -> split (x2) -> count: enough for every per-task family to move."""
+    """spout -> split (x2) -> count, where count manages ~3,000 tuples/s of ~10,000 offered.
+
+    Enough for every per-task family to move, flow control's too: count's queue
+    crosses the high mark and the stepwise policy steps its upstream down.
+    """
     from topo.api import Bolt, Spout
     from topo.topology import TopologyBuilder
 
     class Numbers(Spout):
-        outputs = ["n"]
+        outputs = ["n", "pad"]
 
         def open(self, context: Any, collector: Any) -> None:
             super().open(context, collector)
@@ -331,22 +336,24 @@ def small_topology(name: str) -> Any:
         async def next_tuple(self) -> None:
             for _ in range(20):
                 self.i += 1
-                self.collector.emit([self.i], msg_id=self.i)
+                self.collector.emit([self.i, "x" * 100], msg_id=self.i)
             await asyncio.sleep(0.002)  # keep the shared CPUs for Prometheus
 
     class Split(Bolt):
-        outputs = ["n", "even"]
+        outputs = ["n", "even", "pad"]
 
         def execute(self, tup: Any) -> None:
-            self.collector.emit([tup["n"], tup["n"] % 2 == 0], anchors=tup)
+            self.collector.emit([tup["n"], tup["n"] % 2 == 0, tup["pad"]], anchors=tup)
 
     class Count(Bolt):
         def prepare(self, context: Any, collector: Any) -> None:
             super().prepare(context, collector)
             self.counts = {True: 0, False: 0}
 
-        def execute(self, tup: Any) -> None:
+        async def execute(self, tup: Any) -> None:
             self.counts[tup["even"]] += 1
+            if sum(self.counts.values()) % 30 == 0:
+                await asyncio.sleep(0.01)
 
     b = TopologyBuilder(name)
     b.spout("numbers", Numbers())
@@ -400,8 +407,10 @@ def test_dashboard_queries_against_running_topology(prometheus: Callable[[list[s
 
     name = "prom-e2e"
     topology = small_topology(name)
-    config = resolve(topology.config, {"metrics.port": free_port(), "acking": True,
-                                       "backpressure.policy": "none", "dead_letter_path": str(tmp_path / "dead.jsonl")})
+    config = resolve(topology.config, {
+        "metrics.port": free_port(), "acking": True, "dead_letter_path": str(tmp_path / "dead.jsonl"),
+        "backpressure.policy": "stepwise", "coordinator": "embedded", "backpressure.sensitivity_ms": 250,
+        "queue.high_mark": "200KB", "queue.low_mark": "20KB", "queue.hard_bound": "400KB"})
     service = MetricsService.from_config(config)
     assert service is not None and service.port == config["metrics.port"]
     # no Spark engine runs here: its panels read a synthetic Spark exporter for the same topology
@@ -427,6 +436,19 @@ def test_dashboard_queries_against_running_topology(prometheus: Callable[[list[s
         tasks = prom.query(f'count by (component) (topo_queue_bytes{{topology="{name}"}})')
         assert {r["metric"]["component"]: int(r["value"][1]) for r in tasks} == {"numbers": 1, "split": 2, "count": 1}
         assert_time_split_sums_to_1000(prom, name, 4)
+        # flow control's numbers went through the exporter: an overload, a step, a signal
+        sel = f'topology="{name}"'
+        wait_until(lambda: prom.query(f'max(max_over_time(topo_backpressure_step_k{{{sel}}}[1m])) >= 1'),
+                   20, "a task stepped down (k >= 1)")
+        assert prom.query(f'max(max_over_time(topo_rate_limit_tuples_per_second{{{sel}}}[1m])) > 0')
+        assert prom.query(f'max(max_over_time(topo_originv_tuples_per_second{{{sel}}}[1m])) > 0')
+        assert prom.query(f'max(max_over_time(topo_backpressure{{{sel}}}[1m])) == 1')
+        assert prom.query(f'sum(topo_signals_sent_total{{{sel}, kind="BACKPRESSURE"}}) > 0')
+        assert prom.query(f'sum(topo_signals_received_total{{{sel}, kind="BACKPRESSURE"}}) > 0')
+        # the queue is sampled once a second, so its peaks may fall between scrapes
+        wait_until(lambda: prom.query(f'max_over_time(topo_queue_bytes{{{sel}, component="count"}}[1m]) '
+                                      f'> on(topology, component, task) topo_queue_low_mark_bytes'),
+                   10, "a backlog over count's low mark")
     finally:
         stop_batches.set()
         feeder.join(5)
