@@ -51,13 +51,14 @@ from prometheus_client.metrics_core import (CounterMetricFamily, GaugeMetricFami
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from backpressure.signals import KINDS as SIGNAL_KINDS
 from runtime.local.stats import Histogram, TaskStats
 from runtime.metrics_spark import SparkStats
 
 DEFAULT_PORT = 9464
 LABELS: tuple[str, ...] = ("topology", "component", "task")
 # Kinds exported at 0 before the first signal, so signal panels have series from the start.
-KNOWN_SIGNAL_KINDS: tuple[str, ...] = ("BACKPRESSURE", "RELEASE")
+KNOWN_SIGNAL_KINDS: tuple[str, ...] = SIGNAL_KINDS
 
 _Read = Callable[[Any], float]
 
