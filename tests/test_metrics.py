@@ -17,7 +17,7 @@ from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from runtime.local.metrics import (KNOWN_SIGNAL_KINDS, LABELS, MetricsService, TimeSplit,
-                                   make_registry)
+                                   make_registry, start_threaded_exporter)
 from runtime.local.stats import TaskStats
 from runtime.metrics_spark import SparkStats
 
@@ -288,3 +288,21 @@ async def test_on_loop_server_survives_bad_clients() -> None:
         assert status == 200 and "topo_tuples_emitted_total" in body
     finally:
         await svc.stop()
+
+
+def test_threaded_exporter_for_the_spark_driver() -> None:
+    assert start_threaded_exporter({"metrics.port": 0}) is None
+    stats = SparkStats("wc", "words", 0)
+    stats.record_batch(0.5, 100, 0.01, 200.0)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = start_threaded_exporter({"metrics.port": port, "metrics.host": "127.0.0.1"}, spark=lambda: [stats])
+    assert server is not None
+    try:
+        status, _, body = _get(server.url)
+        assert status == 200
+        assert 'topo_spark_input_rows_total{component="words",task="0",topology="wc"} 100.0' in body
+    finally:
+        server.stop()
+    assert _port_is_free(port)

@@ -348,6 +348,23 @@ class MetricsServer(_Endpoint):
             thread.join(timeout=5.0)
 
 
+def start_threaded_exporter(config: Mapping[str, Any],
+                            tasks: Callable[[], Sequence[TaskStats]] = lambda: (),
+                            spark: Callable[[], Sequence[SparkStats]] = _no_spark) -> MetricsServer | None:
+    """Exporter for a caller without a running event loop (the Spark driver).
+
+    ``metrics.port`` / ``metrics.host`` as for ``MetricsService``; None when the port
+    is 0 (off). The caller stops the returned server when its run ends.
+    """
+    port = int(config.get("metrics.port", 0) or 0)
+    if port == 0:
+        return None
+    registry, _ = make_registry(tasks, spark)
+    server = MetricsServer(registry, port, str(config.get("metrics.host") or "127.0.0.1"))
+    server.start()
+    return server
+
+
 class AsyncMetricsServer(_Endpoint):
     """``/metrics`` served by the running event loop: the local engine's own loop.
 
