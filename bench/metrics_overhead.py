@@ -214,13 +214,17 @@ def _cpus() -> int:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Measure, print a summary line, write ``bench/results/metrics_overhead.json``."""
+    """Measure, print a summary line, write ``bench/results/metrics_overhead.json``.
+
+    ``argv=None`` means defaults, not ``sys.argv``: ``python -m bench`` calls ``main()``
+    with its own arguments still on the command line.
+    """
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tuples", type=int, default=1_000_000, help="spout tuples per run")
     ap.add_argument("--repeats", type=int, default=10, help="(off, on) pairs, alternating which goes first")
     ap.add_argument("--scrape-interval", type=float, default=1.0, help="seconds between scrapes")
     ap.add_argument("--out", type=Path, default=RESULTS)
-    args = ap.parse_args(argv)
+    args = ap.parse_args(argv or [])
     report = measure(args.tuples, args.repeats, args.scrape_interval)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
@@ -232,4 +236,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
