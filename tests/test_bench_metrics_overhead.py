@@ -2,9 +2,16 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
-from bench import metrics_overhead
+# bench/ is not an installed package; plain ``pytest`` (unlike ``python -m pytest``)
+# does not put the checkout on sys.path.
+ROOT = str(Path(__file__).resolve().parents[1])
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from bench import metrics_overhead  # noqa: E402
 
 
 def test_tiny_run_writes_a_report(tmp_path: Path) -> None:
