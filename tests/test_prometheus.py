@@ -382,6 +382,29 @@ def test_dashboard_covers_the_issue_panels() -> None:
                    "topo_signals_sent_total", "topo_signals_received_total"):
         assert metric in exprs, metric
     assert "histogram_quantile(0.5," in exprs and "histogram_quantile(0.99," in exprs
+    for metric in ("topo_spark_batch_duration_seconds_bucket", "topo_spark_input_rows_total",
+                   "topo_spark_controller_rate_rows_per_second", "topo_spark_scheduling_delay_seconds"):
+        assert metric in exprs, metric
+
+
+def test_dashboard_layout_is_importable() -> None:
+    """Unique ids, no overlapping panels, every query on the dashboard's data source variable."""
+    dash = json.loads(DASHBOARD.read_text())
+    panels = list(_walk_panels(dash["panels"]))
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids))
+    cells: set[tuple[int, int]] = set()
+    for p in panels:
+        g = p["gridPos"]
+        assert g["x"] + g["w"] <= 24, p["title"]
+        mine = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+        assert not cells & mine, f"{p['title']} overlaps another panel"
+        cells |= mine
+        for t in p.get("targets", []):
+            assert t["datasource"]["uid"] == "${datasource}", p["title"]
+        if p["type"] != "row":
+            assert p["datasource"]["uid"] == "${datasource}", p["title"]
+            assert p["targets"] and len({t["refId"] for t in p["targets"]}) == len(p["targets"]), p["title"]
 
 
 @needs_prometheus
