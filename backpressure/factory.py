@@ -35,4 +35,14 @@ def make_flow_control(config: Mapping[str, Any], topology_name: str) -> FlowCont
 
         return StepwiseFlowControl(StepwiseParams.from_config(config),
                                    make_coordinator(config, topology_name))
+    if policy == "source_stop":
+        from backpressure.policy.source_stop import SourceStopParams
+        from backpressure.source_stop import SourceStopFlowControl
+
+        return SourceStopFlowControl(SourceStopParams.from_config(config))
+    if policy == "watermark":
+        from backpressure.policy.watermark import WaterMarkParams
+        from backpressure.watermark import WatermarkFlowControl
+
+        return WatermarkFlowControl(WaterMarkParams.from_config(config))
     raise ValueError(f"unknown backpressure.policy {policy!r}")

@@ -135,10 +135,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("queue.hard_bound", None, parse_bytes, "queue bytes at which emit waits; null means 2 x queue.high_mark", nullable=True, check=_positive),
     Setting("batch.size", 256, _int, "tuples per transfer batch between tasks", check=_positive),
     Setting("batch.flush_interval_ms", 1.0, _float, "longest a partial batch waits before it is sent", check=_positive),
-    Setting("backpressure.policy", "stepwise", _str, "flow-control policy", choices=("none", "stepwise")),
+    Setting("backpressure.policy", "stepwise", _str, "flow-control policy",
+            choices=("none", "stepwise", "source_stop", "watermark")),
     Setting("backpressure.step", 0.5, _float, "v': each backpressure step multiplies the upstream rate by this", check=_fraction),
     Setting("backpressure.sensitivity_ms", 2000.0, _float, "low mark must hold this long before a release; also the check period", check=_positive),
     Setting("backpressure.rate_floor", 1.0, _float, "no step takes a rate below this many tuples/s", check=_positive),
+    Setting("backpressure.source_stop.stop_rate", 20.0, _float, "source_stop: tuples/s a stopped spout may still emit (a resume takes up to 1/this s)", check=_positive),
+    Setting("backpressure.water_mark.high", 0.8, _float, "watermark: fraction of queue.hard_bound at or over which a task is overloaded (document 003)", check=_fraction),
+    Setting("backpressure.water_mark.low", 0.2, _float, "watermark: fraction of queue.hard_bound at or under which an overloaded task has recovered", check=_fraction),
+    Setting("backpressure.water_mark.check_interval_ms", 1000.0, _float, "watermark: re-report and ramp-step period (JStorm's topology.backpressure.check.interval)", check=_positive),
     Setting("coordinator", "embedded", _str, "where signals travel: embedded, or zookeeper://host:port/root", check=_coordinator),
     Setting("zookeeper.session_timeout_s", 10.0, _float, "ZooKeeper session timeout; a task state vanishes this long after its process dies", check=_positive),
     Setting("metrics.port", 0, _int, "Prometheus exporter port on 127.0.0.1; 0 turns it off", check=_port),
@@ -205,6 +210,9 @@ def resolve(*layers: Mapping[str, Any]) -> dict[str, Any]:
         out["queue.hard_bound"] = 2 * out["queue.high_mark"]
     if out["queue.low_mark"] >= out["queue.high_mark"]:
         raise ConfigError("queue.low_mark", out["queue.low_mark"], "must be below queue.high_mark")
+    if out["backpressure.water_mark.low"] >= out["backpressure.water_mark.high"]:
+        raise ConfigError("backpressure.water_mark.low", out["backpressure.water_mark.low"],
+                          "must be below backpressure.water_mark.high")
     if out["queue.hard_bound"] < out["queue.high_mark"]:
         raise ConfigError("queue.hard_bound", out["queue.hard_bound"], "must be at least queue.high_mark")
     return out

@@ -1,0 +1,99 @@
+"""source_stop and watermark end to end on the local engine, real clock, small marks.
+
+1. Both policies: a spout offering 20,000 tuples/s into a bolt that manages 5,000/s.
+   The spout is throttled (stopped, or slowed by the topology master), the bolt's
+   queue never passes the hard bound, no tuple is lost, and once the bolt speeds up
+   the spout's limiter goes off and every flag clears.
+2. source_stop's known cost: spout -> relay -> slow and spout -> fast, the topology
+   of ``test_backpressure_e2e.test_second_branch_keeps_its_throughput_while_one_branch_is_slow``
+   where stepwise keeps the fast branch at >= 80 % of the source's rate (that test
+   is the stepwise half of the comparison and is not repeated here). Under
+   source_stop the slow bolt stops the spout itself, so the fast branch starves too.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from backpressure.factory import make_flow_control
+from coord_backends import until
+from runtime.local.engine import LocalEngine
+from test_backpressure_e2e import Box, Offered, Paced, config, monitored
+from topo.topology import TopologyBuilder
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
+
+# Water marks as fractions of the 800KB hard bound: 400KB / 40KB, the stepwise tests' marks.
+_POLICY_CONFIG: dict[str, dict[str, Any]] = {
+    "source_stop": {"backpressure.policy": "source_stop"},
+    "watermark": {"backpressure.policy": "watermark", "backpressure.water_mark.high": 0.5,
+                  "backpressure.water_mark.low": 0.05, "backpressure.water_mark.check_interval_ms": 250},
+}
+
+
+def engine_for(policy: str, builder: TopologyBuilder, **over: Any) -> tuple[dict[str, Any], LocalEngine]:
+    cfg = config(**_POLICY_CONFIG[policy], **over)
+    return cfg, LocalEngine(builder.build(), cfg, flow=make_flow_control(cfg, builder.name))
+
+
+@pytest.mark.parametrize("policy", ["source_stop", "watermark"])
+async def test_slow_bolt_throttles_the_spout_loses_nothing_and_releases(policy: str) -> None:
+    box = Box()
+    box.rate["slow"] = 5_000.0
+    b = TopologyBuilder(f"e2e-{policy}")
+    b.spout("spout", Offered(box, 20_000.0))
+    b.bolt("slow", Paced(box, "slow")).shuffle("spout")
+    cfg, engine = engine_for(policy, b)
+    async with monitored(engine) as mon:
+        spout, slow = mon.by_component["spout"], mon.by_component["slow"]
+        await until(lambda: spout.stats.backpressure, 15, what="the spout throttled")
+        assert spout.stats.rate_limit is not None and spout.stats.rate_limit < 20_000.0
+        assert spout.stats.signals_received.get("BACKPRESSURE", 0) >= 1
+        assert slow.stats.signals_sent.get("BACKPRESSURE", 0) >= 1
+        await asyncio.sleep(2.5)
+        box.rate["slow"] = None
+        await until(lambda: not spout.stats.backpressure and spout.stats.rate_limit is None, 20,
+                    what="the spout back at full speed, limiter off")
+        assert spout.limiter.rate is None and spout.stats.k == 0
+        assert not any(t.stats.backpressure for t in engine.tasks)
+    hard = cfg["queue.hard_bound"]
+    assert mon.max_queue["slow"] <= hard, (mon.max_queue, hard)
+    assert mon.max_queue["slow"] >= cfg["queue.high_mark"]           # the overload was real
+    assert box.emitted > 5_000
+    assert box.seen["slow"] == set(range(box.emitted)), "a tuple was lost or duplicated"
+    assert slow.stats.executed == box.emitted
+    if policy == "watermark":
+        master = engine.flow.master  # type: ignore[attr-defined]
+        assert not master.throttled and master.counters["reports"] >= 2
+
+
+async def test_source_stop_also_stops_the_fast_branch() -> None:
+    box = Box()
+    box.rate["slow"] = 2_000.0
+    b = TopologyBuilder("e2e-source-stop-branches")
+    b.spout("spout", Offered(box, 20_000.0, pad=4))
+    b.bolt("relay", Paced(box, "relay", forward_pad=1000)).shuffle("spout")
+    b.bolt("slow", Paced(box, "slow")).shuffle("relay")
+    b.bolt("fast", Paced(box, "fast")).shuffle("spout")
+    cfg, engine = engine_for("source_stop", b, **{"queue.high_mark": "1MB", "queue.low_mark": "100KB",
+                                                  "queue.hard_bound": "2MB"})
+    async with monitored(engine) as mon:
+        spout, fast = mon.by_component["spout"], mon.by_component["fast"]
+        await until(lambda: spout.stats.backpressure, 15, what="the spout stopped")
+        before = fast.stats.executed
+        t0 = time.monotonic()
+        await asyncio.sleep(2.0)
+        fast_rate = (fast.stats.executed - before) / (time.monotonic() - t0)
+        stops = engine.flow.policy.stops  # type: ignore[attr-defined]
+        box.rate["slow"] = None
+        await until(lambda: not spout.stats.backpressure, 20, what="the spout resumed")
+    print(f"source_stop fast branch: {fast_rate:.0f} tuples/s, {stops} stops")
+    assert mon.max_k["spout"] == 1, "the source itself was stopped"
+    assert mon.max_k.get("relay", 0) == 0, "source_stop throttles spouts only"
+    assert fast_rate < 0.5 * 20_000.0, fast_rate       # stepwise keeps >= 0.8 x on this topology
+    assert mon.max_queue["slow"] <= cfg["queue.hard_bound"]
+    for name in ("relay", "fast", "slow"):
+        assert box.seen[name] == set(range(box.emitted)), name
