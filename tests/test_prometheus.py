@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator
 import pytest
 import yaml
 
+from servers import stop_process
 from runtime.local.metrics import DEFAULT_PORT, MetricsServer, MetricsService, make_registry
 from runtime.local.stats import TaskStats
 from runtime.metrics_spark import SparkStats
@@ -150,13 +151,7 @@ class Prometheus:
         return http_json(f"{self.base}/api/v1/label/{label}/values?{q}")["data"]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(self.proc)
         self._log.close()
 
 

@@ -24,6 +24,8 @@ from typing import Iterator
 
 import pytest
 
+from servers import stop_process
+
 JARS = ("/usr/share/java/zookeeper.jar", "/usr/share/java/zookeeper-jute.jar")
 LOGGER_JARS = ("/usr/share/java/slf4j-simple.jar", "/usr/share/java/slf4j-nop.jar")
 
@@ -118,13 +120,7 @@ class ZooKeeperServer:
     def stop(self) -> None:
         if self.proc is None:
             return
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(self.proc)
         self.proc = None
 
     def restart(self) -> None:
