@@ -71,7 +71,8 @@ class StatusWriter:
 
     def document(self, running: bool = True) -> dict[str, Any]:
         engine = self._engine
-        tasks = [row_from_stats(s) for s in engine.stats]
+        # The same records the live console reads: TaskStats.snapshot().
+        tasks = [s.snapshot() for s in engine.stats]
         return {"topology": engine.topology.name, "coordinator": engine.config.get("coordinator"),
                 "running": running, "written": time.time(), "pid": os.getpid(), "tasks": tasks}
 
@@ -81,14 +82,6 @@ class StatusWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(json.dumps(doc, indent=1))
         os.replace(tmp, self.path)
-
-
-def row_from_stats(stats: Any) -> dict[str, Any]:
-    """A ``runtime.local.stats.TaskStats`` as a status row."""
-    return {"component": stats.component, "task": stats.task_id, "rate": stats.rate_limit,
-            "originv": stats.originv, "k": stats.k, "backpressure": stats.backpressure,
-            "queue_bytes": stats.queue_bytes, "high_mark": stats.high_mark, "low_mark": stats.low_mark,
-            "observed_rate": stats.observed_rate}
 
 
 # -- the command side ---------------------------------------------------------------------------
