@@ -73,3 +73,22 @@ def test_sigterm_drains_and_exits_zero(tmp_path):
     assert emitted > 0 and acked + failed == emitted
     rows = dict(read_table(str(db), "word_counts"))
     assert rows and all(n > 0 for n in rows.values())
+
+
+def test_an_unencodable_value_stops_the_run_with_one_line_naming_component_and_field(tmp_path):
+    (tmp_path / "badmod.py").write_text(
+        "from topo.api import Spout\n"
+        "class BadSpout(Spout):\n"
+        "    outputs = ['id', 'payload']\n"
+        "    def next_tuple(self):\n"
+        "        self.collector.emit([1, {1, 2}])\n")
+    (tmp_path / "bad.yaml").write_text(
+        "name: badval\n"
+        "spouts: [{id: s, class: badmod.BadSpout}]\n"
+        "bolts: [{id: b, class: topo.examples.slow_stage.CountBolt}]\n"
+        "streams: [{from: s, to: b, grouping: {type: shuffle}}]\n")
+    proc = subprocess.run(TOPO + ["run", "bad.yaml", "--quiet"], cwd=tmp_path, env=_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert "component 's'" in proc.stderr and "field 'payload'" in proc.stderr and "set" in proc.stderr

@@ -172,6 +172,7 @@ class SpoutTask(_TaskBase):
         self.outcomes: deque[tuple[int, bool, str]] = deque()
         self.collector = SpoutCollector(self)
         self.exhausted = False
+        self._errors_logged = 0
         self.parked = False  # waiting in _wait_outcome
         self._wake = asyncio.Event()
 
@@ -281,8 +282,12 @@ class SpoutTask(_TaskBase):
                 self.exhausted = True
             except (TupleEncodingError, UnknownStreamError):
                 raise
-            except Exception:
-                log.exception("spout %s (task %d) next_tuple raised", self.component, self.task_id)
+            except Exception as exc:
+                self._errors_logged += 1
+                if self._errors_logged <= 10 or self._errors_logged % 1000 == 0:
+                    log.error("spout %s (task %d) next_tuple raised (%d so far): %s: %s", self.component,
+                              self.task_id, self._errors_logged, type(exc).__name__, exc,
+                              exc_info=exc if self._errors_logged <= 3 else None)
                 dry = True
             emitted = collector.emitted - before
             engine.spout_emitted += emitted
