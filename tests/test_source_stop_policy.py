@@ -22,7 +22,7 @@ def test_params_are_checked_and_read_from_config() -> None:
     p = SourceStopParams.from_config(resolve({"queue.high_mark": "1MB", "queue.low_mark": "100KB",
                                               "backpressure.source_stop.stop_rate": 50}))
     assert (p.high_mark, p.low_mark, p.stop_rate) == (1_000_000, 100_000, 50.0)
-    assert SourceStopParams.from_config(resolve()).stop_rate == 20.0
+    assert SourceStopParams.from_config(resolve()).stop_rate == 200.0 == SourceStopParams().stop_rate
 
 
 def test_at_the_high_mark_the_spouts_stop() -> None:
