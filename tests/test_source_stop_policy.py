@@ -80,3 +80,11 @@ def test_stopped_time_is_accounted_on_the_injected_clock() -> None:
     s.observe(1, 0, 10.5)
     assert s.stops == 2
     assert s.stopped_for(20.0) == pytest.approx(3.5)
+
+
+def test_the_factory_builds_it_from_the_policy_setting() -> None:
+    from backpressure.factory import make_flow_control
+    from backpressure.source_stop import SourceStopFlowControl
+
+    fc = make_flow_control(resolve({"backpressure.policy": "source_stop"}), "t")
+    assert isinstance(fc, SourceStopFlowControl) and fc.params.stop_rate == 200.0

@@ -199,3 +199,13 @@ def test_a_vanished_task_releases_what_it_held_and_stop_releases_all() -> None:
     assert m.forget(10, 1.0)[0].kind == SPEEDUP
     assert m.release_all() == [Command(1, None, 0, RELEASE)]
     assert not m.throttled and m.rate(1) is None
+
+
+def test_the_factory_builds_it_from_the_policy_setting() -> None:
+    from backpressure.factory import make_flow_control
+    from backpressure.watermark import WatermarkFlowControl
+
+    fc = make_flow_control(resolve({"backpressure.policy": "watermark", "queue.hard_bound": "2MB",
+                                    "queue.high_mark": "1MB"}), "t")
+    assert isinstance(fc, WatermarkFlowControl)
+    assert (fc.params.capacity, fc.params.high_bytes, fc.params.low_bytes) == (2_000_000, 1_600_000, 400_000)
