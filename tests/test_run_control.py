@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -56,8 +57,15 @@ def test_sigterm_drains_and_exits_zero(tmp_path):
     proc = subprocess.Popen(TOPO + ["run", "endless.yaml"], cwd=tmp_path, env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     db = tmp_path / "counts.db"
+
+    def rows_written() -> bool:
+        try:
+            return bool(db.exists() and read_table(str(db), "word_counts"))
+        except sqlite3.OperationalError:  # the file exists before the sink has made its table
+            return False
+
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not (db.exists() and read_table(str(db), "word_counts")):
+    while time.monotonic() < deadline and not rows_written():
         time.sleep(0.2)
     assert proc.poll() is None, proc.communicate()
     sent = time.monotonic()
