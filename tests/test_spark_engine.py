@@ -153,3 +153,37 @@ def test_streaming_end_to_end_with_adaptive_rate_control(spark, tmp_path):
     assert run_local(b.build(), None, duration=60).reason == "exhausted"
     local_state = {k: (v["n"], v["size"]) for bolt in captured for k, v in bolt.keyed_state()}
     assert local_state == expected
+
+
+from test_sources import redis_url  # noqa: E402,F401  (the fixture: a redis-server on a free port)
+
+
+class WordCounter(KeyedBolt):
+    outputs = ["word", "count"]
+    key_fields = ("word",)
+
+    def process(self, tup, state):
+        state["n"] = state.get("n", 0) + 1
+        self.collector.emit([tup["word"], state["n"]])
+
+
+def test_redis_streams_source_on_spark(spark, tmp_path, redis_url):
+    from topo.examples.wordcount import SplitBolt
+    from topo.sources import RedisLog
+
+    log = RedisLog(redis_url, "spark-wc", partitions=2)
+    for i in range(40):
+        for s in DEFAULT_SENTENCES:
+            log.produce(s, key=f"{i}-{s}")
+    b = TopologyBuilder("redis-wc")
+    b.spout("lines", MessageLogSpout(redis_url, "spark-wc", columns=("value",), fields=("sentence",)))
+    b.bolt("split", SplitBolt(), 2).shuffle("lines")
+    b.bolt("count", WordCounter(), 2).fields("split", "word")
+    url = f"sqlite:{tmp_path}/out.db"
+    result = spark_engine.run(b.build(), {"spark.sink": url, "spark.rate_control": "pid"}, spark=spark,
+                              duration=300)
+    assert result.reason == "exhausted" and result.input_rows == 40 * len(DEFAULT_SENTENCES)
+    final: dict[str, int] = {}
+    for *_ids, word, n in read_rows(url, "count"):
+        final[word] = max(final.get(word, 0), n)
+    assert final == dict(expected_counts(DEFAULT_SENTENCES, 40))

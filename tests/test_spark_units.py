@@ -55,9 +55,11 @@ def test_no_data_trigger_in_between_is_not_late():
     assert scheduling_delay(20.002, 1.0, prev_start=11.0, prev_end=11.5) == pytest.approx(0.002)
 
 
-def test_first_batch_starts_at_query_start():
-    assert scheduling_delay(100.81, 1.0, origin=100.8) == pytest.approx(0.01)
+def test_first_batch_fires_when_the_query_has_initialised():
+    assert scheduling_delay(101.5, 1.0, origin=100.8) == 0.0
     assert scheduling_delay(100.81, 1.0) == pytest.approx(0.81)
+    # the first data batch after an empty start fires at a boundary like any other
+    assert scheduling_delay(105.003, 1.0, origin=100.8) == pytest.approx(0.003)
 
 
 def test_parse_timestamp():
@@ -304,3 +306,13 @@ def test_postgres_sink_idempotent_by_batch(postgres_url):
     got = [(r[1], r[2], r[3], r[4]) for r in read_rows(postgres_url, "count")]
     assert got == [(0, 0, "a", 1), (0, 1, "b", 2), (1, 0, "a", 3)]
     assert read_rows(postgres_url, "count", "errors")[0][3] == {"x": 1}
+
+
+def test_engine_rejects_unmappable_topology_before_starting_spark():
+    from runtime.spark import engine
+
+    b = TopologyBuilder("bad")
+    b.spout("plain", PlainSpout())
+    b.bolt("w", Words()).shuffle("plain")
+    with pytest.raises(TopologyError, match="spout 'plain'"):
+        engine.run(b.build(), {})

@@ -34,7 +34,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import msgpack
 
@@ -69,19 +69,25 @@ class SparkRunResult:
 
     def summary(self) -> dict[str, Any]:
         """Mean and p95 scheduling delay, processing time per batch, throughput."""
-        delays = [b.scheduling_delay for b in self.batches]
-        procs = [b.processing_time for b in self.batches]
-        return {
-            "rate_control": self.rate_control,
-            "batches": len(self.batches),
-            "input_rows": self.input_rows,
-            "elapsed_s": self.elapsed,
-            "throughput_rows_per_s": self.input_rows / self.elapsed if self.elapsed > 0 else 0.0,
-            "scheduling_delay_mean_ms": 1000 * statistics.fmean(delays) if delays else 0.0,
-            "scheduling_delay_p95_ms": 1000 * percentile(delays, 95) if delays else 0.0,
-            "processing_time_mean_ms": 1000 * statistics.fmean(procs) if procs else 0.0,
-            "processing_time_p95_ms": 1000 * percentile(procs, 95) if procs else 0.0,
-        }
+        return {"rate_control": self.rate_control, **summarize(self.batches, self.elapsed)}
+
+
+def summarize(batches: Sequence[BatchRecord], elapsed: float) -> dict[str, Any]:
+    """Figures over ``batches`` (data batches) run in ``elapsed`` seconds."""
+    delays = [b.scheduling_delay for b in batches]
+    procs = [b.processing_time for b in batches]
+    rows = sum(b.rows for b in batches)
+    return {
+        "batches": len(batches),
+        "input_rows": rows,
+        "elapsed_s": elapsed,
+        "throughput_rows_per_s": rows / elapsed if elapsed > 0 else 0.0,
+        "scheduling_delay_mean_ms": 1000 * statistics.fmean(delays) if delays else 0.0,
+        "scheduling_delay_p95_ms": 1000 * percentile(delays, 95) if delays else 0.0,
+        "delayed_batches": sum(1 for d in delays if d > 0.01),
+        "processing_time_mean_ms": 1000 * statistics.fmean(procs) if procs else 0.0,
+        "processing_time_p95_ms": 1000 * percentile(procs, 95) if procs else 0.0,
+    }
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -71,12 +71,14 @@ def submission_time(start: float, interval: float, prev_start: float | None = No
                     prev_end: float | None = None, origin: float | None = None) -> float:
     """The boundary the trigger that started at ``start`` was due at (module docstring).
 
-    ``origin`` is when the query started: its first trigger fires then, not at a boundary.
+    ``origin`` is when the query started: its first trigger fires as soon as the query
+    has initialised (sources started), not at a boundary, so a first batch within an
+    interval of ``origin`` has no submission delay.
     """
     on_time = math.floor(start / interval + EPS) * interval
-    if origin is not None and origin <= start:
-        on_time = max(on_time, origin)
     if prev_start is None or prev_end is None:
+        if origin is not None and origin <= start < origin + interval:
+            return start
         return on_time
     due = next_boundary(prev_start, interval)
     if prev_end > due and start - prev_end < LATE_GAP * interval:
@@ -102,6 +104,7 @@ class BatchRecord:
     rows: int
     rows_by_source: dict[str, int] = field(default_factory=dict)
     cap_by_source: dict[str, float | None] = field(default_factory=dict)
+    case_by_source: dict[str, int | None] = field(default_factory=dict)   # doc001's case of that submission
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -115,14 +118,15 @@ class SourceControl:
     controller: RateController
     bound: dict[int, int] | None = None
     done: bool = False
-    caps: list[tuple[float, float | None]] = field(default_factory=list)   # (submit, cap) history
+    caps: list[tuple[float, float | None, int | None]] = field(default_factory=list)  # (submit, cap, case)
     last_start_report: float = 0.0
 
-    def cap_at(self, t: float, tolerance: float) -> float | None:
-        for when, cap in reversed(self.caps):
+    def submission_at(self, t: float, tolerance: float) -> tuple[float | None, int | None]:
+        """``(cap, case)`` of the latest submission at or before ``t``."""
+        for when, cap, case in reversed(self.caps):
             if when <= t + tolerance:
-                return cap
-        return self.caps[0][1] if self.caps else None
+                return cap, case
+        return (self.caps[0][1], self.caps[0][2]) if self.caps else (None, None)
 
 
 class RateFeedback:
@@ -159,7 +163,7 @@ class RateFeedback:
                         sc.last_start_report = t
                         sc.controller.on_batch_start(t)
                 rate = sc.controller.on_submit(submit_time)
-                sc.caps.append((submit_time, rate))
+                sc.caps.append((submit_time, rate, getattr(sc.controller, "last_case", None)))
                 del sc.caps[:-1000]
                 write_rate(self.state_dir, sc.component, rate, submit_time)
                 out[sc.component] = rate
@@ -181,9 +185,10 @@ class RateFeedback:
         with self.lock:
             delay = scheduling_delay(start, self.interval, self.last_start, self.last_end, self.origin)
             submit = start - delay
+            used = {c: self.sources[c].submission_at(start, 0.05 * self.interval)
+                    for c in by_source if c in self.sources}
             record = BatchRecord(int(progress.get("batchId", -1)), submit, start, end, duration, delay, rows,
-                                 by_source, {c: self.sources[c].cap_at(start, 0.05 * self.interval)
-                                             for c in by_source if c in self.sources})
+                                 by_source, {c: u[0] for c, u in used.items()}, {c: u[1] for c, u in used.items()})
             self.last_start, self.last_end = start, end
             self.input_rows += rows
             self.batches.append(record)
@@ -281,7 +286,12 @@ def make_listener(feedback: RateFeedback, query_name: str) -> Any:
 
     class ProgressListener(StreamingQueryListener):  # type: ignore[misc]
         def onQueryStarted(self, event: Any) -> None:
-            return None
+            # The first trigger fires when the query's thread starts, not at a boundary.
+            if event.name == query_name:
+                try:
+                    feedback.origin = parse_timestamp(str(event.timestamp))
+                except ValueError:
+                    pass
 
         def onQueryProgress(self, event: Any) -> None:
             progress = event.progress

@@ -43,6 +43,7 @@ def get_session(master: str = "local[*]", *, shuffle_partitions: int | None = No
                .config("spark.driver.host", "127.0.0.1")
                .config("spark.driver.bindAddress", "127.0.0.1")
                .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.streaming.metricsEnabled", "false")
                .config("spark.sql.adaptive.enabled", "false"))
     if shuffle_partitions is not None:
