@@ -10,7 +10,6 @@ import shutil
 import socket
 import subprocess
 import time
-from pathlib import Path
 from typing import Any, Iterator
 
 import pytest

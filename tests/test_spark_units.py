@@ -296,7 +296,6 @@ def postgres_url():
 
 
 def test_postgres_sink_idempotent_by_batch(postgres_url):
-    from psycopg.types.json import Jsonb  # noqa: F401
     sink = open_sink(postgres_url, STREAMS)
     rows = {("count", "default"): [["a", 1], ["b", 2]], ("count", "errors"): [[{"x": 1}]]}
     assert sink.write_batch("q1", 0, rows) is True
@@ -316,3 +315,26 @@ def test_engine_rejects_unmappable_topology_before_starting_spark():
     b.bolt("w", Words()).shuffle("plain")
     with pytest.raises(TopologyError, match="spout 'plain'"):
         engine.run(b.build(), {})
+
+
+@pytest.mark.parametrize("name", ["wordcount_log.yaml", "bursty_spark.yaml"])
+def test_example_specs_map_onto_spark(name, tmp_path, monkeypatch):
+    from topo.spec import load
+
+    monkeypatch.chdir(tmp_path)
+    FileLog(tmp_path / "wordcount-log", "sentences", partitions=2)
+    topo = load(Path(__file__).resolve().parent.parent / "configs" / name)
+    assert check(topo) == []
+    assert {p.mode for p in stage_plans(topo, {}).values()} <= {"partition", "task"}
+
+
+def test_log_producer_cli(tmp_path, monkeypatch, capsys):
+    import io
+    from topo.sources.log import main
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("a\tone\nb\ttwo\nthree\n"))
+    assert main([str(tmp_path), "t", "--partitions", "2", "--tab-key"]) == 0
+    log = FileLog(tmp_path, "t")
+    values = sorted(r[3] for p in range(2) for r in log.read(p, 0, log.latest()[p]))
+    assert values == ["one", "three", "two"]
+    assert "3 records" in capsys.readouterr().out

@@ -328,3 +328,33 @@ def produce_all(log: MessageLog, records: Sequence[Any], keys: Sequence[Any] | N
     if keys is not None and len(keys) != len(records):
         raise ValueError("records and keys differ in length")
     return [log.produce(v, None if keys is None else keys[i]) for i, v in enumerate(records)]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m topo.sources.log LOG TOPIC [--partitions N] [--key-field K]``: produce
+    the lines of stdin (one record each; ``--tab-key`` takes the key before a tab)."""
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(description="append stdin's lines to a message log topic")
+    p.add_argument("log", help="file:///dir, a directory, or redis://127.0.0.1:port/db")
+    p.add_argument("topic")
+    p.add_argument("--partitions", type=int, default=None, help="create the topic with this many partitions")
+    p.add_argument("--tab-key", action="store_true", help="each line is KEY<TAB>VALUE")
+    a = p.parse_args(argv)
+    log = open_log(a.log, a.topic, a.partitions)
+    n = 0
+    try:
+        for line in sys.stdin:
+            line = line.rstrip("\n")
+            key, value = line.split("\t", 1) if a.tab_key and "\t" in line else (None, line)
+            log.produce(value, key=key)
+            n += 1
+    finally:
+        log.close()
+    print(f"{n} records -> {log.describe()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
