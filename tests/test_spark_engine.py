@@ -155,16 +155,23 @@ def test_streaming_end_to_end_with_adaptive_rate_control(spark, tmp_path):
     assert local_state == expected
 
 
+from test_keyed_state import Counter as WordCounter  # noqa: E402  (KeyedBolt: word -> running count)
 from test_sources import redis_url  # noqa: E402,F401  (the fixture: a redis-server on a free port)
 
 
-class WordCounter(KeyedBolt):
-    outputs = ["word", "count"]
-    key_fields = ("word",)
+class Exploding(Bolt):
+    outputs = ["x"]
 
-    def process(self, tup, state):
-        state["n"] = state.get("n", 0) + 1
-        self.collector.emit([tup["word"], state["n"]])
+    def execute(self, tup):
+        raise ValueError("boom in execute")
+
+
+def test_failing_bolt_fails_the_run_with_its_error(spark, tmp_path):
+    b = TopologyBuilder("exploding")
+    b.spout("gen", SyntheticSpout("constant", rate=10_000, partitions=1, total=10))
+    b.bolt("bad", Exploding()).shuffle("gen")
+    with pytest.raises(RuntimeError, match="boom in execute"):
+        spark_engine.run(b.build(), {"spark.sink": "none"}, spark=spark, duration=120)
 
 
 def test_redis_streams_source_on_spark(spark, tmp_path, redis_url):
