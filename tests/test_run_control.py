@@ -64,13 +64,18 @@ def test_sigterm_drains_and_exits_zero(tmp_path):
         except sqlite3.OperationalError:  # the file exists before the sink has made its table
             return False
 
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not rows_written():
-        time.sleep(0.2)
-    assert proc.poll() is None, proc.communicate()
-    sent = time.monotonic()
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=30)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not rows_written():
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.communicate()
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:  # never leave a topology running after a failed test
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 0, err
     assert time.monotonic() - sent < 15  # drain_timeout_s is 10
     assert "Traceback" not in err
