@@ -118,8 +118,33 @@ def test_streaming_end_to_end_with_adaptive_rate_control(spark, tmp_path):
             expected[i % 5] = (n + 1, size + len(payload))
 
     url = f"sqlite:{tmp_path}/out.db"
-    result = spark_engine.run(bucket_topology(total), {"spark.sink": url, "spark.initial_rate": 200.0},
-                              spark=spark, duration=300)
+    import threading
+    import urllib.request
+
+    from test_sources import free_port
+
+    port = free_port()
+    scraped: list[str] = []
+    done = threading.Event()
+
+    def scrape() -> None:
+        while not done.is_set():
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    scraped.append(r.read(1 << 20).decode())
+            except OSError:
+                pass
+            done.wait(0.5)
+
+    scraper = threading.Thread(target=scrape, daemon=True)
+    scraper.start()
+    try:
+        result = spark_engine.run(bucket_topology(total), {"spark.sink": url, "spark.initial_rate": 200.0,
+                                                           "metrics.port": port}, spark=spark, duration=300)
+    finally:
+        done.set()
+        scraper.join(5)
+    assert any('topo_spark_batches_total{' in text and 'component="gen"' in text for text in scraped)
     assert result.reason == "exhausted" and result.input_rows == total
     assert len(result.batches) >= 2
     for b in result.batches:                       # admission never exceeded the published cap

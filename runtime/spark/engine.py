@@ -18,7 +18,9 @@
    its error.
 
 Decisions where the issue is silent, as a Storm or Spark user would expect them:
-one query per topology (a spout is a source, not a query); ``max_tuples`` counts
+one query per topology (a spout is a source, not a query); with ``metrics.port`` set
+the driver serves the per-source ``topo_spark_*`` Prometheus metrics (batches, rows,
+batch duration, scheduling delay, controller cap) on ``metrics.host``; ``max_tuples`` counts
 spout tuples as on the local engine; the checkpoint and rate files live in a
 temporary directory removed at the end unless ``spark.checkpoint_dir`` /
 ``spark.state_dir`` are set (a set checkpoint resumes from its offsets and state); a
@@ -134,6 +136,7 @@ def run(topology: Topology, config: Mapping[str, Any] | None = None, *, master: 
     ticker = None
     listener = None
     sink = None
+    exporter = None
     try:
         core_num = int(cfg["spark.core_num"] or spark.sparkContext.defaultParallelism)
         shuffle = cfg["spark.shuffle_partitions"] or (core_num if own_session else None)
@@ -164,6 +167,12 @@ def run(topology: Topology, config: Mapping[str, Any] | None = None, *, master: 
                 spec.id, source, select_columns(source.columns, spout.columns), core_num=core_num,
                 interval_s=interval_s, state_dir=state_dir, bound=bound, max_rows=cfg["spark.max_rows_per_batch"])
         feedback = RateFeedback(interval_s, controls, state_dir, stats)
+        if cfg["metrics.port"]:
+            from runtime.local.metrics import MetricsServer, make_registry
+
+            registry, _ = make_registry(lambda: [], lambda: list(stats.values()))
+            exporter = MetricsServer(registry, cfg["metrics.port"], cfg["metrics.host"])
+            exporter.start()
         feedback.submit(next_boundary(time.time(), interval_s))   # slow start caps before the first trigger
         for cid, opts in pending_opts.items():
             frames[cid] = spark.readStream.format(SOURCE_NAME).options(**opts).load()
@@ -211,6 +220,8 @@ def run(topology: Topology, config: Mapping[str, Any] | None = None, *, master: 
             spark.streams.removeListener(listener)
         if sink is not None:
             sink.close()
+        if exporter is not None:
+            exporter.stop()
         if own_session:
             spark.stop()
         shutil.rmtree(temp_dir, ignore_errors=True)
