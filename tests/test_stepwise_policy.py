@@ -90,6 +90,20 @@ def test_upstream_mid_step_is_not_stepped_twice() -> None:
     assert w.throttles[1].k == 2
 
 
+def test_no_further_step_while_the_backlog_falls_over_the_high_mark() -> None:
+    w = World()
+    d = Downstream(10, [1], P, now=0.0)
+    assert [s.k for s in w.check(d, 0.0, HIGH + 10_000_000)] == [1]
+    # Still over the high mark but lower than at the last check: the step is working.
+    assert w.check(d, 2.0, HIGH + 5_000_000) == []
+    assert w.check(d, 4.0, HIGH + 1_000_000) == []
+    assert w.throttles[1].k == 1
+    # It stopped falling: one more step.
+    assert [s.k for s in w.check(d, 6.0, HIGH + 1_000_000)] == [2]
+    assert w.check(d, 8.0, HIGH + 500_000) == []
+    assert [s.k for s in w.check(d, 10.0, HIGH + 900_000)] == [3]
+
+
 def test_unacknowledged_signal_is_resent_unchanged_after_resend_after() -> None:
     w = World()
     d = Downstream(10, [1], P, now=0.0)

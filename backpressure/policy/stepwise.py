@@ -31,6 +31,13 @@ The document's steps, and how they read here
   an upstream on every check; and if the acknowledgement never comes (a lost
   message, a lost state record), the same signal is sent again after
   ``resend_after``, which is harmless because signals are idempotent.
+  A step also stays "in progress" while it visibly works: when the queue is still
+  over the high mark but has fallen since the previous check, the backlog is
+  draining at the rate already held, and a further step would only overshoot
+  (throttle the upstream below what this task can take, then climb back up: the
+  load oscillation the document sets out to avoid). So an overloaded task steps an
+  upstream it already holds again only when its queue did not fall over the last
+  ``sensitivity``.
 * Step 7 (rate := v' x current rate, record ``originv`` on the first step): the
   rate is never multiplied in place. A ``Throttle`` holds an integer step count
   ``k`` and its rate is ``originv * step**k``, so ``k`` steps down then ``k`` up
@@ -144,6 +151,7 @@ class Downstream:
         self.pending: dict[int, _Pending] = {}
         self.level = NORMAL
         self.last_check = now
+        self.last_bytes: int | None = None    # queue bytes at the previous check
         self.low_since: float | None = None
 
     def observe(self, now: float, queue_bytes: int) -> bool:
@@ -163,6 +171,8 @@ class Downstream:
         """The document's steps 3-15 for this task; returns the signals to send."""
         p = self.params
         self.last_check = now
+        draining = self.last_bytes is not None and queue_bytes < self.last_bytes
+        self.last_bytes = queue_bytes
         out: list[Signal] = []
         for u in self.upstreams:
             self._ack_or_resend(u, view(u) or _NO_VIEW, now, out)
@@ -172,6 +182,8 @@ class Downstream:
                 v = view(u) or _NO_VIEW
                 if u in self.pending or v.at_floor:
                     continue
+                if draining and self.holds.get(u, 0) > 0:
+                    continue  # the step we hold is working: the backlog is falling
                 out.append(self._hold(u, max(self.holds.get(u, 0), v.k + 1), BACKPRESSURE, now))
         elif self.low_since is not None and now - self.low_since >= p.sensitivity:
             self.level = LIGHT
