@@ -69,8 +69,8 @@ class _SqlSink:
                 quote(f)
 
     def _ddl(self) -> list[str]:
-        out = [f"CREATE TABLE IF NOT EXISTS topo_batches (query_id TEXT NOT NULL, batch_id BIGINT NOT NULL, "
-               f"rows BIGINT NOT NULL, committed_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (query_id, batch_id))"]
+        out = ["CREATE TABLE IF NOT EXISTS topo_batches (query_id TEXT NOT NULL, batch_id BIGINT NOT NULL, "
+               "rows BIGINT NOT NULL, committed_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (query_id, batch_id))"]
         for (component, stream), fields in self.streams.items():
             cols = "".join(f", {quote(f)} {self.field_type}".rstrip() for f in fields)
             out.append(f"CREATE TABLE IF NOT EXISTS {quote(table_name(component, stream))} "
