@@ -152,7 +152,8 @@ async def test_states_are_published_watched_and_removed_when_the_owner_stops(bac
         await until(lambda: seen_b.states.get(1) is not None, what="b sees task 1")
         a.publish(TaskState(task=1, component="spout", k=2, backpressure=True, version=(1, 2)))
         await until(lambda: seen_b.states[1] is not None and seen_b.states[1].k == 2, what="b sees k=2")
-        assert seen_a.states[1] is not None and seen_a.states[1].k == 2     # every task watches
+        # Every task watches, the publisher too; its own watch may fire after b's.
+        await until(lambda: seen_a.states.get(1) is not None and seen_a.states[1].k == 2, what="a sees k=2")
         b.publish(TaskState(task=2, component="bolt", holds={1: 2}, version=(2, 1)))
         await until(lambda: seen_a.states.get(2) is not None, what="a sees task 2")
         assert seen_a.states[2].holds == {1: 2}                              # type: ignore[union-attr]
