@@ -194,9 +194,6 @@ class Topology:
                     return found
         return None
 
-    def upstream_components(self, cid: str) -> list[str]:
-        return sorted({i.source for i in self.components[cid].inputs})
-
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -207,13 +204,6 @@ class Topology:
                 for c in self.components.values()
             ],
         }
-
-
-def builder_from(topology: Topology) -> TopologyBuilder:
-    """A builder pre-filled with ``topology`` (to derive variants in tests)."""
-    b = TopologyBuilder(topology.name, topology.config)
-    b._components = dict(topology.components)
-    return b
 
 
 __all__: Sequence[str] = ["TopologyBuilder", "Topology", "TopologyError", "ComponentSpec", "Input"]

@@ -29,45 +29,29 @@ class Acker:
     """Ledger of in-flight roots."""
 
     def __init__(self, timeout_s: float) -> None:
-        # Public so the bolt's ack loop can XOR in place without a call per edge.
+        # Written in place by the tasks, without a call per tuple: a spout task's emit
+        # adds ``[edges_xor, owner, deadline]`` for a new root, a bolt task's ack XORs
+        # its edges out and calls ``complete`` when an entry reaches zero.
         self.ledger: dict[int, Entry] = {}
-        self._ledger = self.ledger
         self.timeout_s = timeout_s
 
     def __len__(self) -> int:
-        return len(self._ledger)
-
-    def track(self, root: int, owner: Outcome, edges_xor: int, now: float) -> None:
-        """A spout emitted ``root``, creating edges whose ids XOR to ``edges_xor``."""
-        if edges_xor == 0:
-            # No subscriber got the tuple: the tree is complete at once.
-            owner(root, True, "")
-            return
-        self._ledger[root] = [edges_xor, owner, now + self.timeout_s]
-
-    def update(self, root: int, value: int) -> None:
-        """XOR ``value`` into the ledger of ``root``; completes it when it reaches zero."""
-        e = self._ledger.get(root)
-        if e is None:
-            return  # already failed or timed out: late acks are ignored, as in Storm
-        e[XOR] ^= value
-        if e[XOR] == 0:
-            self.complete(root, e)
+        return len(self.ledger)
 
     def complete(self, root: int, e: Entry) -> None:
         """The ledger of ``root`` reached zero: the tree is fully processed."""
-        del self._ledger[root]
+        del self.ledger[root]
         e[OWNER](root, True, "")
 
     def fail(self, root: int, reason: str) -> None:
-        e = self._ledger.pop(root, None)
+        e = self.ledger.pop(root, None)
         if e is not None:
             e[OWNER](root, False, reason)
 
     def expire(self, now: float) -> int:
         """Fail every root past its deadline. Roots are kept in insertion (= deadline) order."""
         expired = []
-        for root, e in self._ledger.items():
+        for root, e in self.ledger.items():
             if e[DEADLINE] > now:
                 break
             expired.append(root)
@@ -76,7 +60,7 @@ class Acker:
         return len(expired)
 
     def fail_all(self, reason: str) -> int:
-        roots = list(self._ledger)
+        roots = list(self.ledger)
         for root in roots:
             self.fail(root, reason)
         return len(roots)

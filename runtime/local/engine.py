@@ -83,7 +83,6 @@ class LocalEngine:
         self.tasks: list[_TaskBase] = []
         self.acker: Acker | None = (Acker(cfg["message_timeout_s"])
                                     if cfg["acking"] else None)
-        self._by_id: dict[int, _TaskBase] = {}
         self._stop_event: asyncio.Event | None = None
         self._build()
 
@@ -118,7 +117,6 @@ class LocalEngine:
                 args = (self, c.id, tid, index, c.parallelism, c.instance(), outbox, upstream, stats)
                 task: _TaskBase = SpoutTask(*args) if c.kind == "spout" else BoltTask(*args, queue=queues[tid])
                 self.tasks.append(task)
-                self._by_id[tid] = task
 
     # --- views -----------------------------------------------------------------
     @property
@@ -128,9 +126,6 @@ class LocalEngine:
     @property
     def handles(self) -> list[_TaskBase]:
         return list(self.tasks)
-
-    def task(self, task_id: int) -> _TaskBase:
-        return self._by_id[task_id]
 
     def water_level(self, task_id: int) -> float:
         """LoadView for load-aware grouping: fraction of the hard bound in use."""

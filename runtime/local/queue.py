@@ -34,9 +34,6 @@ class ByteQueue:
             self._loop = asyncio.get_running_loop()
         return self._loop.create_future()
 
-    def has_room(self, nbytes: int) -> bool:
-        return self.bytes == 0 or self.bytes + nbytes <= self.hard_bound
-
     async def put(self, batch: list[Any], nbytes: int) -> int:
         """Append a batch, waiting for room; returns nanoseconds spent waiting."""
         waited = 0
