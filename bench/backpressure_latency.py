@@ -34,7 +34,7 @@ import uvloop
 from backpressure.coordinator.base import Coordinator
 from backpressure.coordinator.embedded import EmbeddedCoordinator
 from backpressure.policy.stepwise import StepwiseParams
-from backpressure.stepwise import StepwiseFlowControl
+from backpressure.drivers.stepwise import StepwiseFlowControl
 
 RESULTS = Path(__file__).parent / "results"
 SAMPLES = 300

@@ -28,8 +28,8 @@ from typing import Any
 from topo.api import Bolt, EndOfStream, Spout, Tuple
 from topo.topology import Topology, TopologyBuilder
 from runtime.local.engine import run
-from runtime.local.metrics import MetricsService, make_registry
-from runtime.local.stats import TaskStats
+from runtime.observe.prometheus import MetricsService, make_registry
+from runtime.observe.stats import TaskStats
 
 RESULTS = Path(__file__).resolve().parent / "results" / "metrics_overhead.json"
 GOAL = 0.95

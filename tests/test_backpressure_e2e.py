@@ -22,7 +22,7 @@ from typing import Any, AsyncIterator
 import pytest
 
 from backpressure.policy.stepwise import StepwiseParams
-from backpressure.stepwise import StepwiseFlowControl
+from backpressure.drivers.stepwise import StepwiseFlowControl
 from coord_backends import Backend, backend, until, zookeeper  # noqa: F401
 from runtime.local.engine import LocalEngine
 from topo.api import Bolt, Spout, Tuple

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rich.console import Console as RichConsole
 
-from runtime.local.console import progress, render_table, summary_line
+from runtime.observe.console import progress, render_table, summary_line
 
 REPO = Path(__file__).resolve().parent.parent
 TOPO = REPO / ".venv" / "bin" / "topo"

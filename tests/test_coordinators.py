@@ -230,9 +230,9 @@ async def test_release_kind_round_trips(backend: Backend) -> None:
 def test_factory_maps_policy_and_coordinator() -> None:
     from backpressure.coordinator.embedded import EmbeddedCoordinator
     from backpressure.coordinator.zookeeper import ZooKeeperCoordinator
-    from backpressure.factory import make_flow_control
+    from backpressure.drivers.factory import make_flow_control
     from backpressure.seams import NoFlowControl
-    from backpressure.stepwise import StepwiseFlowControl
+    from backpressure.drivers.stepwise import StepwiseFlowControl
     from topo.config import ConfigError, resolve
 
     assert isinstance(make_flow_control(resolve({"backpressure.policy": "none"}), "t"), NoFlowControl)

@@ -16,10 +16,10 @@ import pytest
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from runtime.local.metrics import (KNOWN_SIGNAL_KINDS, LABELS, MetricsService, TimeSplit,
+from runtime.observe.prometheus import (KNOWN_SIGNAL_KINDS, LABELS, MetricsService, TimeSplit,
                                    make_registry, start_threaded_exporter)
-from runtime.local.stats import TaskStats
-from runtime.metrics_spark import SparkStats
+from runtime.observe.stats import TaskStats
+from runtime.observe.spark_stats import SparkStats
 
 
 class FakeClock:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from backpressure.factory import make_flow_control
+from backpressure.drivers.factory import make_flow_control
 from coord_backends import until
 from runtime.local.engine import LocalEngine
 from test_backpressure_e2e import Box, Offered, Paced, config, monitored

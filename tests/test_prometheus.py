@@ -34,9 +34,9 @@ import pytest
 import yaml
 
 from servers import stop_process
-from runtime.local.metrics import DEFAULT_PORT, MetricsServer, MetricsService, make_registry
-from runtime.local.stats import TaskStats
-from runtime.metrics_spark import SparkStats
+from runtime.observe.prometheus import DEFAULT_PORT, MetricsServer, MetricsService, make_registry
+from runtime.observe.stats import TaskStats
+from runtime.observe.spark_stats import SparkStats
 
 pytestmark = pytest.mark.prometheus
 

@@ -83,8 +83,8 @@ def test_stopped_time_is_accounted_on_the_injected_clock() -> None:
 
 
 def test_the_factory_builds_it_from_the_policy_setting() -> None:
-    from backpressure.factory import make_flow_control
-    from backpressure.source_stop import SourceStopFlowControl
+    from backpressure.drivers.factory import make_flow_control
+    from backpressure.drivers.source_stop import SourceStopFlowControl
 
     fc = make_flow_control(resolve({"backpressure.policy": "source_stop"}), "t")
     assert isinstance(fc, SourceStopFlowControl) and fc.params.stop_rate == 200.0

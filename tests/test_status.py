@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from backpressure.policy.stepwise import StepwiseParams
-from backpressure.stepwise import StepwiseFlowControl
+from backpressure.drivers.stepwise import StepwiseFlowControl
 from runtime.local.engine import LocalEngine
 from test_stepwise_flow import HIGH, PARAMS, FakeTask
 from topo.api import Bolt, EndOfStream, Spout, Tuple

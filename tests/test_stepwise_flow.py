@@ -13,9 +13,9 @@ from typing import AsyncIterator, Sequence
 import pytest
 
 from backpressure.policy.stepwise import StepwiseParams
-from backpressure.stepwise import StepwiseFlowControl
+from backpressure.drivers.stepwise import StepwiseFlowControl
 from coord_backends import Backend, backend, until, zookeeper  # noqa: F401
-from runtime.local.stats import TaskStats
+from runtime.observe.stats import TaskStats
 
 pytestmark = pytest.mark.timeout(120)
 

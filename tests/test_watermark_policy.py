@@ -202,8 +202,8 @@ def test_a_vanished_task_releases_what_it_held_and_stop_releases_all() -> None:
 
 
 def test_the_factory_builds_it_from_the_policy_setting() -> None:
-    from backpressure.factory import make_flow_control
-    from backpressure.watermark import WatermarkFlowControl
+    from backpressure.drivers.factory import make_flow_control
+    from backpressure.drivers.watermark import WatermarkFlowControl
 
     fc = make_flow_control(resolve({"backpressure.policy": "watermark", "queue.hard_bound": "2MB",
                                     "queue.high_mark": "1MB"}), "t")

@@ -148,10 +148,10 @@ def local_services(config: dict[str, Any], args: argparse.Namespace) -> list[Any
     (``metrics.port``) and the status file ``topo status`` reads (``status.path``)."""
     services: list[Any] = []
     if not args.quiet:
-        from runtime.local.console import Console
+        from runtime.observe.console import Console
 
         services.append(Console(duration=args.duration, max_tuples=args.max_tuples))
-    from runtime.local.metrics import MetricsService
+    from runtime.observe.prometheus import MetricsService
 
     exporter = MetricsService.from_config(config)
     if exporter is not None:

@@ -4,7 +4,7 @@ No asyncio, no I/O: time comes in as ``now``, so every rule is a unit test with 
 fake clock. ``TaskWaterMark`` is one bolt task watching its own queue and deciding
 what to report to the topology master; ``MasterPolicy`` is what the topology
 master decides from those reports. How reports and commands travel is
-``backpressure.coordinator.topology_master``'s business.
+``backpressure.drivers.topology_master``'s business.
 
 Document 003, and what is reconstructed
 ---------------------------------------

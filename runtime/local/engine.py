@@ -29,7 +29,7 @@ from runtime.local.acker import Acker
 from runtime.local.deadletter import DeadLetterWriter
 from runtime.local.outbox import Outbox, StreamRoutes
 from runtime.local.queue import ByteQueue
-from runtime.local.stats import TaskStats
+from runtime.observe.stats import TaskStats
 from runtime.local.tasks import TICK, BoltTask, SpoutTask, _TaskBase
 
 log = logging.getLogger("topo.engine")
@@ -69,7 +69,7 @@ class LocalEngine:
         cfg = self.config
         self.seed: int | None = cfg["seed"]
         if flow is None:
-            from backpressure.factory import make_flow_control
+            from backpressure.drivers.factory import make_flow_control
             flow = make_flow_control(cfg, topology.name)
         self.flow: FlowControl = flow
         self.services = list(services)

@@ -23,7 +23,7 @@ from topo.api import DEFAULT_STREAM, Bolt, EndOfStream, Spout, TaskContext, Tupl
 from runtime.local.outbox import Outbox, TupleEncodingError, UnknownStreamError
 from runtime.local.queue import ByteQueue
 from runtime.local.ratelimit import EwmaRate, RateLimiter
-from runtime.local.stats import TaskStats
+from runtime.observe.stats import TaskStats
 
 if TYPE_CHECKING:
     from runtime.local.engine import LocalEngine

@@ -41,7 +41,7 @@ from typing import Any, Mapping, Sequence
 import msgpack
 
 from backpressure.policy.rate_control import make_controller
-from runtime.metrics_spark import SparkStats
+from runtime.observe.spark_stats import SparkStats
 from runtime.spark.datasource import SOURCE_NAME, OffsetDataSource, source_options
 from runtime.spark.listener import (BatchRecord, RateFeedback, SourceControl, SubmissionTicker,
                                     make_listener, next_boundary)
@@ -168,7 +168,7 @@ def run(topology: Topology, config: Mapping[str, Any] | None = None, *, master: 
                 interval_s=interval_s, state_dir=state_dir, bound=bound, max_rows=cfg["spark.max_rows_per_batch"])
         feedback = RateFeedback(interval_s, controls, state_dir, stats)
         if cfg["metrics.port"]:
-            from runtime.local.metrics import MetricsServer, make_registry
+            from runtime.observe.prometheus import MetricsServer, make_registry
 
             registry, _ = make_registry(lambda: [], lambda: list(stats.values()))
             exporter = MetricsServer(registry, cfg["metrics.port"], cfg["metrics.host"])

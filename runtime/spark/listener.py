@@ -47,7 +47,7 @@ from datetime import datetime
 from typing import Any, Callable, Mapping
 
 from backpressure.policy.rate_control import BatchInfo, RateController
-from runtime.metrics_spark import SparkStats
+from runtime.observe.spark_stats import SparkStats
 from runtime.spark.datasource import read_start, write_rate
 
 EPS = 1e-6

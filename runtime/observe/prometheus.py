@@ -52,8 +52,8 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from backpressure.signals import KINDS as SIGNAL_KINDS
-from runtime.local.stats import Histogram, TaskStats
-from runtime.metrics_spark import SparkStats
+from runtime.observe.stats import Histogram, TaskStats
+from runtime.observe.spark_stats import SparkStats
 
 DEFAULT_PORT = 9464
 LABELS: tuple[str, ...] = ("topology", "component", "task")

@@ -3,7 +3,7 @@
 The Spark engine runs on the driver's listener thread, not on the local engine's event
 loop, so it gets its own small record instead of pretending to be a ``TaskStats``. It
 follows the same rule: the engine writes plain attributes once per micro-batch and
-``runtime.local.metrics.TopoCollector`` turns them into ``topo_spark_*`` metrics when
+``runtime.observe.prometheus.TopoCollector`` turns them into ``topo_spark_*`` metrics when
 Prometheus scrapes, so nothing on the engine's path calls into prometheus_client.
 
 It lives beside ``runtime/local`` and ``runtime/spark`` rather than in either, because
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from runtime.local.stats import Histogram
+from runtime.observe.stats import Histogram
 
 # Micro-batches last from milliseconds to minutes; the latency buckets stop at 30 s.
 BATCH_BUCKETS: tuple[float, ...] = (

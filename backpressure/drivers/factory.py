@@ -31,18 +31,18 @@ def make_flow_control(config: Mapping[str, Any], topology_name: str) -> FlowCont
         return NoFlowControl()
     if policy == "stepwise":
         from backpressure.policy.stepwise import StepwiseParams
-        from backpressure.stepwise import StepwiseFlowControl
+        from backpressure.drivers.stepwise import StepwiseFlowControl
 
         return StepwiseFlowControl(StepwiseParams.from_config(config),
                                    make_coordinator(config, topology_name))
     if policy == "source_stop":
         from backpressure.policy.source_stop import SourceStopParams
-        from backpressure.source_stop import SourceStopFlowControl
+        from backpressure.drivers.source_stop import SourceStopFlowControl
 
         return SourceStopFlowControl(SourceStopParams.from_config(config))
     if policy == "watermark":
         from backpressure.policy.watermark import WaterMarkParams
-        from backpressure.watermark import WatermarkFlowControl
+        from backpressure.drivers.watermark import WatermarkFlowControl
 
         return WatermarkFlowControl(WaterMarkParams.from_config(config))
     raise ValueError(f"unknown backpressure.policy {policy!r}")

@@ -30,7 +30,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Sequence
 
-from backpressure.coordinator.topology_master import TopologyMaster
+from backpressure.drivers.topology_master import TopologyMaster
 from backpressure.limits import count_signal, show_limit
 from backpressure.policy.watermark import (THROTTLE, Command, MasterPolicy, Report, TaskWaterMark,
                                            WaterMarkParams, source_spouts)
