@@ -1,13 +1,35 @@
-"""The seam between an engine and flow control.
+"""The seam between an engine and flow control: everything a driver may use, declared.
 
 An engine hands flow control one ``TaskHandle`` per task. Through it flow control
-observes (queue bytes, observed emit rate, the clock) and acts (set or clear the
-task's emit rate limit). Flow control never touches a queue or an emitter itself,
-and the engine never decides when to throttle: that is the policy's job.
+observes (queue bytes, observed emit rate, executed count) and acts (set or clear
+the task's emit rate limit), and tells the engine what to *show* about the task
+(its step count, backpressure flag and ``originv``, and the signals it counted).
+Flow control never touches a queue, an emitter or a stats record itself, and the
+engine never decides when to throttle: that is the policy's job.
 """
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from dataclasses import dataclass
+from typing import Callable, Literal, Protocol, Sequence
+
+Direction = Literal["sent", "received"]
+
+# ``on_rate_change(task_id, rate)`` after every limit a flow control sets (None: limiter off).
+RateListener = Callable[[int, "float | None"], None]
+
+
+@dataclass(frozen=True)
+class FlowDisplay:
+    """What a policy says about one task for consoles, exporters and ``topo status``.
+
+    ``k``: steps (or stop/ramp count) in force; ``backpressure``: the document's flag;
+    ``originv``: the rate before the first step of the last episode (None: never throttled).
+    The limit itself is not here: the task shows the rate its limiter really has.
+    """
+
+    k: int = 0
+    backpressure: bool = False
+    originv: float | None = None
 
 
 class TaskHandle(Protocol):
@@ -26,17 +48,27 @@ class TaskHandle(Protocol):
         """This task's emit rate in tuples/s, an EWMA over recent seconds."""
         ...
 
-    def set_rate(self, tuples_per_second: float) -> None:
-        """Limit this task's emits to this rate."""
+    def executed_count(self) -> int:
+        """Input tuples this task has executed so far (0 for spouts): service-rate meters read it."""
         ...
 
-    def clear_rate(self) -> None:
-        """Turn this task's limiter off: it emits as fast as it can, as before any signal."""
+    def set_rate(self, tuples_per_second: float | None) -> None:
+        """Limit this task's emits to this rate; None turns the limiter off (as before any signal)."""
+        ...
+
+    def show(self, display: FlowDisplay) -> None:
+        """Publish the policy's view of this task for display (one call per change)."""
+        ...
+
+    def count_signal(self, direction: Direction, kind: str) -> None:
+        """Count one flow-control signal of ``kind`` this task sent or received."""
         ...
 
 
 class FlowControl(Protocol):
     """What an engine drives. ``poll`` is on the hot path and must be cheap."""
+
+    on_rate_change: RateListener | None   # benchmarks and tests listen to every limit change
 
     async def start(self, handles: Sequence[TaskHandle]) -> None: ...
 
@@ -51,6 +83,9 @@ class FlowControl(Protocol):
 
 class NoFlowControl:
     """Flow control off: only the queues' hard bound limits a producer."""
+
+    def __init__(self) -> None:
+        self.on_rate_change: RateListener | None = None   # never called: no limit is ever set
 
     async def start(self, handles: Sequence[TaskHandle]) -> None:
         return None

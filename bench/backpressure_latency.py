@@ -76,7 +76,7 @@ class Task:
 async def measure(coordinator: Coordinator, samples: int) -> list[float]:
     """Latencies in milliseconds, ``samples`` of them after ``WARMUP`` discarded ones."""
     params = StepwiseParams(step=0.5, high_mark=HIGH, low_mark=LOW, sensitivity=0.05, rate_floor=1.0)
-    fc = StepwiseFlowControl(params, coordinator, tick=0.005, heartbeat=0.5)
+    fc = StepwiseFlowControl(params, coordinator, period=0.005, heartbeat=0.5)
     up, down = Task(1, []), Task(2, [1])
     await fc.start([up, down])
     out: list[float] = []

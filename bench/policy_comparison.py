@@ -69,14 +69,13 @@ async def run_policy(policy: str, duration: float, warmup: float) -> dict[str, A
     spout, enrich, tally = by_component["events"], by_component["enrich"], by_component["tally"]
     changes: list[tuple[float, int, float | None]] = []
     t0 = time.monotonic()
-    if hasattr(engine.flow, "on_rate_change"):
-        engine.flow.on_rate_change = lambda task, rate: changes.append((time.monotonic() - t0, task, rate))
+    engine.flow.on_rate_change = lambda task, rate: changes.append((time.monotonic() - t0, task, rate))
     samples: list[tuple[float, int, int, int, int]] = []
 
     async def sampler() -> None:
         while True:
-            samples.append((time.monotonic() - t0, spout.stats.emitted, enrich.stats.executed,
-                            tally.stats.executed, enrich.queue_bytes()))
+            samples.append((time.monotonic() - t0, spout.stats.emitted, enrich.executed_count(),
+                            tally.executed_count(), enrich.queue_bytes()))
             await asyncio.sleep(SAMPLE_S)
 
     probe = asyncio.create_task(sampler())

@@ -12,7 +12,7 @@ from topo.api import Bolt, EndOfStream, FieldIndex, Spout, Tuple
 from topo.groupings import fields_task_index
 from topo.topology import TopologyBuilder
 from runtime.local.engine import LocalEngine, run
-from runtime.local.outbox import TupleEncodingError
+from topo.api import TupleEncodingError
 from runtime.local.queue import ByteQueue
 
 NO_BP = {"backpressure.policy": "none"}
@@ -115,7 +115,7 @@ def test_engine_sizes_each_tuple_by_its_msgpack_encoding():
     spout_task = engine.tasks[0]
     values = [[7, "k7"], [123456, "k6"], [2**40, "k0"]]
     for v in values:
-        spout_task.outbox.fast["default"](v, 0.0)
+        spout_task.outbox.untracked["default"](v, 0.0)
     lane = spout_task.outbox.lanes[engine.task_ids["hold"][0]]
     assert [t.values for t in lane.batch] == values
     assert spout_task.outbox.batch_bytes(lane.batch) == sum(len(msgpack.packb(v)) for v in values)

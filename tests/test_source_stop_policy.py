@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from backpressure.policy.source_stop import (OVERLOADED, RECOVERED, RESUME, STOP, Outcome, SourceStop,
+from backpressure.policy.source_stop import (BECAME_OVERLOADED, BECAME_LIGHT, RESUME, STOP, Outcome, SourceStop,
                                              SourceStopParams)
 from topo.config import resolve
 
@@ -28,7 +28,7 @@ def test_params_are_checked_and_read_from_config() -> None:
 def test_at_the_high_mark_the_spouts_stop() -> None:
     s = policy()
     assert s.observe(1, 999, 1.0) == Outcome()
-    assert s.observe(1, 1000, 2.0) == Outcome(OVERLOADED, STOP)       # "at or over"
+    assert s.observe(1, 1000, 2.0) == Outcome(BECAME_OVERLOADED, STOP)       # "at or over"
     assert s.stopped and s.overloaded == {1} and s.stops == 1
 
 
@@ -38,7 +38,7 @@ def test_hysteresis_between_the_marks() -> None:
     for q in (999, 500, 101):
         assert s.observe(1, q, 1.0) == Outcome()      # still overloaded, still stopped
     assert s.stopped
-    assert s.observe(1, 100, 2.0) == Outcome(RECOVERED, RESUME)      # "at or under" the low mark
+    assert s.observe(1, 100, 2.0) == Outcome(BECAME_LIGHT, RESUME)      # "at or under" the low mark
     assert not s.stopped
     for q in (101, 500, 999):
         assert s.observe(1, q, 3.0) == Outcome()      # rising again, under the high mark: running
@@ -54,12 +54,12 @@ def test_repeated_overload_observations_change_nothing() -> None:
 
 def test_resume_only_when_every_overloaded_task_recovered() -> None:
     s = policy()
-    assert s.observe(1, 2000, 0.0) == Outcome(OVERLOADED, STOP)
-    assert s.observe(2, 2000, 0.5) == Outcome(OVERLOADED, None)       # already stopped: one episode
-    assert s.observe(1, 0, 1.0) == Outcome(RECOVERED, None)           # task 2 still holds the spouts
+    assert s.observe(1, 2000, 0.0) == Outcome(BECAME_OVERLOADED, STOP)
+    assert s.observe(2, 2000, 0.5) == Outcome(BECAME_OVERLOADED, None)       # already stopped: one episode
+    assert s.observe(1, 0, 1.0) == Outcome(BECAME_LIGHT, None)           # task 2 still holds the spouts
     assert s.stopped
     assert s.observe(3, 0, 1.5) == Outcome()                          # never overloaded: no report
-    assert s.observe(2, 50, 2.0) == Outcome(RECOVERED, RESUME)
+    assert s.observe(2, 50, 2.0) == Outcome(BECAME_LIGHT, RESUME)
     assert s.stops == 1
 
 
@@ -67,7 +67,7 @@ def test_a_task_that_goes_away_no_longer_holds_the_spouts() -> None:
     s = policy()
     s.observe(7, 2000, 0.0)
     assert s.forget(8, 1.0) == Outcome()
-    assert s.forget(7, 1.0) == Outcome(RECOVERED, RESUME)
+    assert s.forget(7, 1.0) == Outcome(BECAME_LIGHT, RESUME)
     assert not s.stopped and not s.overloaded
 
 

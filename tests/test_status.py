@@ -113,7 +113,7 @@ async def test_status_from_zookeeper_taskstate(zookeeper: ZooKeeperServer, capsy
     url = zookeeper.url("/topo-status")
     spout, bolt = FakeTask(1, "spout", rate=8_000.0), FakeTask(2, "bolt", [1])
     params = StepwiseParams(high_mark=PARAMS.high_mark, low_mark=PARAMS.low_mark, sensitivity=30.0)
-    fc = StepwiseFlowControl(params, ZooKeeperCoordinator(url, "zkdemo"), tick=0.02, heartbeat=0.1)
+    fc = StepwiseFlowControl(params, ZooKeeperCoordinator(url, "zkdemo"), period=0.02, heartbeat=0.1)
     await fc.start([spout, bolt])
     try:
         bolt.q = HIGH

@@ -13,6 +13,7 @@ from typing import AsyncIterator, Sequence
 import pytest
 
 from backpressure.policy.stepwise import StepwiseParams
+from backpressure.seams import Direction, FlowDisplay
 from backpressure.drivers.stepwise import StepwiseFlowControl
 from coord_backends import Backend, backend, until, zookeeper  # noqa: F401
 from runtime.observe.stats import TaskStats
@@ -43,17 +44,23 @@ class FakeTask:
     def observed_rate(self) -> float:
         return self.rate
 
-    def set_rate(self, tuples_per_second: float) -> None:
+    def executed_count(self) -> int:
+        return 0
+
+    def set_rate(self, tuples_per_second: float | None) -> None:
         self.limit = tuples_per_second
         self.history.append(tuples_per_second)
+        self.stats.rate_limit = tuples_per_second
 
-    def clear_rate(self) -> None:
-        self.limit = None
-        self.history.append(None)
+    def show(self, display: FlowDisplay) -> None:
+        self.stats.show(display)
+
+    def count_signal(self, direction: Direction, kind: str) -> None:
+        self.stats.count_signal(direction, kind)
 
 
 def flow(backend: Backend, params: StepwiseParams = PARAMS) -> StepwiseFlowControl:
-    return StepwiseFlowControl(params, backend.coordinator(), tick=0.02, heartbeat=0.1, grace=1.5)
+    return StepwiseFlowControl(params, backend.coordinator(), period=0.02, heartbeat=0.1, grace=1.5)
 
 
 @contextlib.asynccontextmanager

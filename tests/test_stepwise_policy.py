@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from backpressure.policy.stepwise import (LIGHT, NORMAL, OVERLOADED, Downstream, StepwiseParams,
+from backpressure.policy.stepwise import (LIGHT, NORMAL, OVERLOADED, Downstream, PeerStates, StepwiseParams,
                                           Throttle, UpstreamView, max_steps)
 from backpressure.signals import BACKPRESSURE, RELEASE, Signal, SignalError, TaskState
 
@@ -423,3 +423,52 @@ def test_overloaded_downstream_re_asks_the_same_hold_while_the_upstream_has_not_
     view = lambda u: UpstreamView(th.k, th.at_floor, th.applied)  # noqa: E731
     (s2,) = d.check(2.0, HIGH, view)
     assert s2.k == 1 and s2.seq > s1.seq
+
+
+# -- published states: ordering, the repair path, forgetting after grace (PeerStates) -----------
+
+def _peers(grace: float = 4.0) -> tuple[PeerStates, Throttle]:
+    spout = Throttle(1, P)
+    return PeerStates({1: spout}, grace), spout
+
+
+def _held(task: int, k: int, seq: int, version: int) -> TaskState:
+    return TaskState(task=task, holds={1: k} if k else {}, seq=seq, version=(1, version))
+
+
+def test_a_published_hold_repairs_a_lost_signal_and_an_older_version_is_ignored() -> None:
+    peers, spout = _peers()
+    out = peers.update(2, _held(2, 1, seq=5, version=2), 0.0, lambda t: 20_000.0)
+    assert [(t, c.rate) for t, c in out.changes] == [(1, 10_000.0)] and spout.k == 1
+    # a record published before that one, arriving late (a reconnect), changes nothing
+    out = peers.update(2, _held(2, 0, seq=4, version=1), 0.1, lambda t: 20_000.0)
+    assert out.changes == [] and out.acknowledged == [] and spout.k == 1
+    assert peers.view(2) is not None and peers.alive(2)
+
+
+def test_a_newer_seq_with_the_same_hold_is_an_acknowledgement_only() -> None:
+    peers, spout = _peers()
+    peers.update(2, _held(2, 1, seq=5, version=1), 0.0, lambda t: 20_000.0)
+    out = peers.update(2, _held(2, 1, seq=6, version=2), 0.5, lambda t: 20_000.0)
+    assert out.changes == [] and out.acknowledged == [1] and spout.applied[2] == 6
+
+
+def test_a_state_gone_for_grace_releases_what_it_held_and_one_back_in_time_does_not() -> None:
+    peers, spout = _peers(grace=4.0)
+    peers.update(2, _held(2, 2, seq=5, version=1), 0.0, lambda t: 20_000.0)
+    assert spout.k == 2
+    peers.update(2, None, 1.0, lambda t: 20_000.0)           # session expiry: the znode vanished
+    assert not peers.alive(2)
+    assert peers.expire(4.9, lambda t: 20_000.0).changes == []   # 3.9 s gone: within grace
+    peers.update(2, _held(2, 2, seq=5, version=2), 4.95, lambda t: 20_000.0)   # re-published
+    assert peers.expire(100.0, lambda t: 20_000.0).changes == [] and spout.k == 2
+    peers.update(2, None, 200.0, lambda t: 20_000.0)         # gone for good this time
+    assert peers.expire(203.9, lambda t: 20_000.0).changes == []
+    out = peers.expire(204.0, lambda t: 20_000.0)             # exactly grace: forgotten
+    assert [(t, c.rate) for t, c in out.changes] == [(1, None)] and spout.k == 0 and not spout.holds
+
+
+def test_our_own_tasks_are_never_forgotten_when_their_state_vanishes() -> None:
+    peers, spout = _peers(grace=1.0)
+    peers.update(1, None, 0.0, lambda t: 20_000.0)
+    assert peers.expire(10.0, lambda t: 20_000.0).changes == [] and peers.alive(1)

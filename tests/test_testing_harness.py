@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from topo.api import Bolt, EndOfStream, Spout, Tuple
+from topo.api import Bolt, EmitError, EndOfStream, Spout, Tuple
 from topo.examples.wordcount import CountBolt, SentenceSpout, SplitBolt
 from topo.testing import BoltHarness, Emitted, HarnessError, SpoutHarness
 
@@ -171,7 +171,7 @@ def test_double_ack_is_reported() -> None:
 ])
 def test_bad_emits_raise_like_the_engine(kind: str, message: str) -> None:
     h = BoltHarness(BadEmits(), input_fields=["kind"])
-    with pytest.raises(HarnessError, match=message):
+    with pytest.raises(EmitError, match=message):
         h.feed([kind])
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from backpressure.policy.watermark import (RELEASE, SPEEDUP, THROTTLE, Command, MasterPolicy, Report,
+from backpressure.policy.watermark import (LIFT, SPEEDUP, THROTTLE, Command, MasterPolicy, Report,
                                            TaskWaterMark, WaterMarkParams, source_spouts)
 from topo.config import ConfigError, resolve
 
@@ -148,13 +148,13 @@ def test_r6_ramp_back_in_steps_of_the_wait_then_limiter_off() -> None:
     m.on_report(over(10, "slow", 0.8, 5000.0, 0.0), 0.0, no_rate)     # 4000/s: wait 0.25 ms
     cmds = m.on_report(clear(10, "slow", 3.0), 3.0, no_rate)          # first step at once
     assert cmds == [Command(1, pytest.approx(4000.0 * 4 / 3), 3, SPEEDUP)]
-    assert m.tick(3.9) == []
-    assert m.tick(4.0) == [Command(1, pytest.approx(8000.0), 2, SPEEDUP)]
-    assert m.tick(5.0) == [Command(1, pytest.approx(16000.0), 1, SPEEDUP)]
+    assert m.advance(3.9) == []
+    assert m.advance(4.0) == [Command(1, pytest.approx(8000.0), 2, SPEEDUP)]
+    assert m.advance(5.0) == [Command(1, pytest.approx(16000.0), 1, SPEEDUP)]
     assert m.throttled
-    assert m.tick(6.0) == [Command(1, None, 0, RELEASE)]
+    assert m.advance(6.0) == [Command(1, None, 0, LIFT)]
     assert m.rate(1) is None and not m.throttled                      # R7
-    assert m.tick(7.0) == []
+    assert m.advance(7.0) == []
 
 
 def test_r6_no_ramp_while_another_component_the_spout_feeds_is_overloaded() -> None:
@@ -162,7 +162,7 @@ def test_r6_no_ramp_while_another_component_the_spout_feeds_is_overloaded() -> N
     m.on_report(over(10, "slow", 0.8, 5000.0, 0.0), 0.0, no_rate)
     m.on_report(over(20, "other", 0.8, 5000.0, 0.0), 0.0, no_rate)
     assert m.on_report(clear(10, "slow", 1.0), 1.0, no_rate) == []
-    assert m.tick(5.0) == []
+    assert m.advance(5.0) == []
     assert m.on_report(clear(20, "other", 6.0), 6.0, no_rate)[0].kind == SPEEDUP
 
 
@@ -178,10 +178,10 @@ def test_r6_an_overload_during_the_ramp_throttles_again_and_restarts_it() -> Non
     m = master()
     m.on_report(over(10, "slow", 0.8, 5000.0, 0.0), 0.0, no_rate)
     m.on_report(clear(10, "slow", 1.0), 1.0, no_rate)
-    m.tick(2.0)                                                        # at 8000/s, k 2
+    m.advance(2.0)                                                        # at 8000/s, k 2
     cmds = m.on_report(over(10, "slow", 0.8, 5000.0, 2.5), 2.5, no_rate)
     assert cmds == [Command(1, pytest.approx(4000.0), 4, THROTTLE)]
-    assert m.tick(10.0) == []                                          # not ramping while overloaded
+    assert m.advance(10.0) == []                                          # not ramping while overloaded
 
 
 def test_duplicate_and_stale_reports_are_harmless() -> None:
@@ -189,7 +189,7 @@ def test_duplicate_and_stale_reports_are_harmless() -> None:
     m.on_report(over(10, "slow", 0.8, 5000.0, 0.0), 0.0, no_rate)
     m.on_report(clear(10, "slow", 1.0), 1.0, no_rate)
     assert m.on_report(clear(10, "slow", 1.1), 1.1, no_rate) == []    # a duplicate recovery
-    assert m.tick(2.0)[0].k == 2                                       # the ramp goes on unchanged
+    assert m.advance(2.0)[0].k == 2                                       # the ramp goes on unchanged
 
 
 def test_a_vanished_task_releases_what_it_held_and_stop_releases_all() -> None:
@@ -197,7 +197,7 @@ def test_a_vanished_task_releases_what_it_held_and_stop_releases_all() -> None:
     m.on_report(over(10, "slow", 0.8, 5000.0, 0.0), 0.0, no_rate)
     assert m.forget(99, 1.0) == []
     assert m.forget(10, 1.0)[0].kind == SPEEDUP
-    assert m.release_all() == [Command(1, None, 0, RELEASE)]
+    assert m.release_all() == [Command(1, None, 0, LIFT)]
     assert not m.throttled and m.rate(1) is None
 
 

@@ -10,9 +10,69 @@ code needs no ``await`` and memory stays bounded by what one call emits.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
+
+import msgpack
 
 DEFAULT_STREAM = "default"
+
+
+class EmitError(ValueError):
+    """A component emitted on a stream it did not declare, or not one value per declared field.
+
+    The same mistake raises the same error wherever the component runs: the local
+    engine, the Spark engine and the test harness all check emits with ``check_emit``
+    (the local engine's hot path inlines the length test and builds the error here).
+    """
+
+
+class TupleEncodingError(EmitError, TypeError):
+    """An emitted value has no msgpack encoding (the wire format between tasks)."""
+
+
+def unknown_stream_error(component: str, stream: str, declared: Sequence[str]) -> EmitError:
+    return EmitError(f"component {component!r} emitted on stream {stream!r}, which it does not declare "
+                     f"(declared: {sorted(declared)})")
+
+
+def arity_error(component: str, stream: str, values: Any, fields: Sequence[str]) -> EmitError:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        return EmitError(f"component {component!r} emitted {values!r:.80} on stream {stream!r}: expected a "
+                         f"list of values for fields {list(fields)}")
+    return EmitError(f"component {component!r} emitted {len(values)} values on stream {stream!r}, "
+                     f"which declares {len(fields)} fields {list(fields)}")
+
+
+def encoding_error(component: str, stream: str, values: Sequence[Any], fields: Sequence[str],
+                   pack: Any = msgpack.packb) -> TupleEncodingError:
+    """The error for values ``pack`` cannot encode, naming the first field that fails."""
+    for name, v in zip(fields, values):
+        try:
+            pack(v)
+        except (TypeError, ValueError, OverflowError):
+            return TupleEncodingError(
+                f"component {component!r} emitted on stream {stream!r} a value for field {name!r} that "
+                f"msgpack cannot encode: {type(v).__name__} {v!r:.80}")
+    return TupleEncodingError(f"component {component!r} emitted on stream {stream!r} values msgpack "
+                              f"cannot encode: {values!r:.80}")
+
+
+def check_emit(component: str, outputs: Mapping[str, Sequence[str]], stream: str,
+               values: Any, *, encode: bool = False) -> None:
+    """Raise ``EmitError`` unless ``values`` fits ``stream`` as ``component`` declared it.
+
+    With ``encode`` the values are also packed, as they would be on the wire.
+    """
+    fields = outputs.get(stream)
+    if fields is None:
+        raise unknown_stream_error(component, stream, list(outputs))
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(values) != len(fields):
+        raise arity_error(component, stream, values, fields)
+    if encode:
+        try:
+            msgpack.packb(list(values))
+        except (TypeError, ValueError, OverflowError):
+            raise encoding_error(component, stream, values, fields) from None
 
 
 class EndOfStream(Exception):

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from topo import EngineUnavailable
+from topo.api import EmitError
 from topo.config import ConfigError, coerce, parse_override
 from topo.spec import SpecError, TopologySpec, config_problem, load_spec
-from runtime.local.outbox import TupleEncodingError, UnknownStreamError
 
 USAGE_ERROR = 2
 _ZK = re.compile(r"^zookeeper://[^/:\s]+(:\d+)?(/\S*)?$")
@@ -234,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except EngineUnavailable as e:
         print(f"topo {args.command}: {e}", file=sys.stderr)
         return 1
-    except (TupleEncodingError, UnknownStreamError) as e:
+    except EmitError as e:
         # A component emitted what the wire cannot carry: the message names component,
         # stream and field; the engine has already stopped and cleaned up.
         print(f"topo {args.command}: {e}", file=sys.stderr)

@@ -200,9 +200,17 @@ def coerce(key: str, value: Any) -> Any:
     return parsed
 
 
-def resolve(*layers: Mapping[str, Any]) -> dict[str, Any]:
+class ResolvedConfig(dict):
+    """A complete, checked config (what ``resolve`` returns): engines take it as it is.
+
+    A plain dict handed to an engine is a layer of overrides and is resolved first;
+    the type, not the presence of some key, says which of the two a caller passed.
+    """
+
+
+def resolve(*layers: Mapping[str, Any]) -> ResolvedConfig:
     """Defaults overlaid by each layer in turn (file config, then command line)."""
-    out = {s.key: s.default for s in BY_KEY.values()}
+    out = ResolvedConfig({s.key: s.default for s in BY_KEY.values()})
     for layer in layers:
         for k, v in layer.items():
             out[k] = coerce(k, v)

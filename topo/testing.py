@@ -17,7 +17,7 @@ The harness behaves as the engine does where a test can observe it: ``prepare`` 
 emits are anchored to the input, which is acked when ``execute`` returns and failed
 when it raises; ``execute`` / ``next_tuple`` may be ``async``; an emit on an
 undeclared stream, with the wrong number of values, or with a value msgpack cannot
-encode raises at once (the engine would stop the topology on it). It is stricter
+encode raises ``topo.api.EmitError`` at once, as the engine does. It is stricter
 than the engine in one way: acking or failing a tuple twice raises ``HarnessError``,
 since in a running topology that corrupts the tuple tree silently.
 """
@@ -28,9 +28,9 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Coroutine, Mapping, Sequence, TypeVar
 
-import msgpack
 
-from topo.api import DEFAULT_STREAM, Bolt, Component, EndOfStream, FieldIndex, Spout, TaskContext, Tuple
+from topo.api import (DEFAULT_STREAM, Bolt, Component, EndOfStream, FieldIndex, Spout, TaskContext, Tuple,
+                      EmitError, check_emit)
 from topo.config import resolve
 
 
@@ -77,22 +77,7 @@ class _Harness:
         self.close()
 
     def _check(self, values: Sequence[Any], stream: str) -> list[Any]:
-        if stream not in self.outputs:
-            raise HarnessError(f"{self.name} emitted on stream {stream!r}, which it does not declare "
-                               f"(declared: {sorted(self.outputs)})")
-        names = self.outputs[stream]
-        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-            raise HarnessError(f"{self.name} emitted {values!r:.80} on stream {stream!r}: expected a list of "
-                               f"values for fields {list(names)}")
-        if len(values) != len(names):
-            raise HarnessError(f"{self.name} emitted {len(values)} values on stream {stream!r}, "
-                               f"which declares {len(names)} fields {list(names)}")
-        for name, value in zip(names, values):
-            try:
-                msgpack.packb(value)
-            except (TypeError, ValueError, OverflowError):
-                raise HarnessError(f"{self.name} emitted on stream {stream!r} a value for field {name!r} that "
-                                   f"msgpack cannot encode: {type(value).__name__} {value!r:.80}") from None
+        check_emit(self.name, self.outputs, stream, values, encode=True)
         return list(values)
 
     def _drive(self, make: Callable[[], Coroutine[Any, Any, Any]], is_async: bool, method: str) -> Any:
@@ -185,7 +170,7 @@ class BoltHarness(_Harness):
             result = self.bolt.execute(tup)
             if inspect.isawaitable(result):
                 await result
-        except HarnessError:
+        except (HarnessError, EmitError):  # a mistake in the component, not a failed tuple
             raise
         except Exception as exc:
             return self._end(tup, start, exc, raise_errors)

@@ -16,6 +16,7 @@ The document's message path, under ``/<root>/<topology>/``:
 
 The target's id is in the znode *name* so that several processes sharing one
 ZooKeeper each consume only their own tasks' messages without reading the rest.
+``ZnodeLayout`` spells these paths; the coordinators and ``topo status`` use it.
 
 The store is ZooKeeper (``zookeeper.KazooStore``) or an in-process tree with the
 same paths, sequence numbers and one-shot watches (``embedded.MemoryStore``), so
@@ -101,7 +102,57 @@ class Store(Protocol):
 R = TypeVar("R", Signal, TaskState)
 StateCallback = Callable[[int, "TaskState | None"], None]
 
+DEFAULT_ROOT = "/topo"
 _MSG_NAME = re.compile(r"^m(\d+)-(\d{10,})$")
+
+
+@dataclass(frozen=True)
+class ZnodeLayout:
+    """Where one topology's znodes live; the only place their paths are spelled.
+
+    * ``{root}/{topology}/taskmessage/m<target>-<sequence>``: persistent sequential
+      znodes, one per signal, the target task's id in the name;
+    * ``{root}/{topology}/taskstate/<task_id>``: one ephemeral znode per task.
+    """
+
+    topology: str
+    root: str = DEFAULT_ROOT
+
+    def __post_init__(self) -> None:
+        if not self.topology or "/" in self.topology:
+            raise ValueError(f"bad topology name for a znode path: {self.topology!r}")
+
+    @property
+    def base(self) -> str:
+        return f"{self.root.rstrip('/')}/{self.topology}"
+
+    @property
+    def messages(self) -> str:
+        """The ``taskmessage`` directory."""
+        return f"{self.base}/taskmessage"
+
+    @property
+    def states(self) -> str:
+        """The ``taskstate`` directory."""
+        return f"{self.base}/taskstate"
+
+    def state(self, task: int | str) -> str:
+        """The state znode of ``task`` (an id, or a child name read from ``states``)."""
+        return f"{self.states}/{task}"
+
+    def message(self, name: str) -> str:
+        """The message znode called ``name`` (a child name read from ``messages``)."""
+        return f"{self.messages}/{name}"
+
+    def message_prefix(self, target: int) -> str:
+        """What a sequential create for ``target`` is given; the store appends the sequence."""
+        return f"{self.messages}/m{target}-"
+
+    @staticmethod
+    def parse_message(name: str) -> tuple[int, int] | None:
+        """``m<target>-<sequence>`` -> (target, sequence); None for any other name."""
+        m = _MSG_NAME.match(name)
+        return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 class SendQueue:
@@ -136,13 +187,9 @@ class SendQueue:
 class Coordinator:
     """Carries signals and task states between tasks through a ``Store``."""
 
-    def __init__(self, store: Store, topology: str, root: str = "/topo") -> None:
-        if not topology or "/" in topology:
-            raise ValueError(f"bad topology name for a znode path: {topology!r}")
+    def __init__(self, store: Store, topology: str, root: str = DEFAULT_ROOT) -> None:
         self.store = store
-        self.base = f"{root.rstrip('/')}/{topology}"
-        self.msg_path = f"{self.base}/taskmessage"
-        self.state_path = f"{self.base}/taskstate"
+        self.layout = ZnodeLayout(topology, root)
         self.send_queue = SendQueue()
         self.trigger_queue: asyncio.Queue[Signal] = asyncio.Queue()
         self.connected = asyncio.Event()
@@ -174,7 +221,7 @@ class Coordinator:
         self.store.listen(self._on_session)
         await self.store.start()
         self.connected.set()
-        for path in (self.msg_path, self.state_path):
+        for path in (self.layout.messages, self.layout.states):
             try:
                 await self.store.create(path, b"", makepath=True)
             except NodeExists:
@@ -200,7 +247,7 @@ class Coordinator:
         self._tasks.clear()
         for task in list(self._published):
             try:
-                await asyncio.wait_for(self.store.delete(f"{self.state_path}/{task}"), 0.5)
+                await asyncio.wait_for(self.store.delete(self.layout.state(task)), 0.5)
             except (NoNode, StoreUnavailable, asyncio.TimeoutError):
                 pass
         await self.store.close()
@@ -234,7 +281,7 @@ class Coordinator:
         out: dict[int, TaskState] = {}
         while True:
             try:
-                names = await self.store.children(self.state_path)
+                names = await self.store.children(self.layout.states)
                 break
             except StoreUnavailable:
                 await self._await_connection()
@@ -257,7 +304,7 @@ class Coordinator:
             sig = await self.send_queue.get()
             self._busy += 1
             try:
-                await self.store.create(f"{self.msg_path}/m{sig.target}-", sig.encode(), sequence=True)
+                await self.store.create(self.layout.message_prefix(sig.target), sig.encode(), sequence=True)
                 self.counters["created"] += 1
             except StoreUnavailable:
                 # A create lost with the connection may have happened anyway: a duplicate
@@ -279,12 +326,12 @@ class Coordinator:
                 await self._await_connection()
 
     async def _drain_messages(self) -> None:
-        names = await self.store.children(self.msg_path, watch=self._on_msg_watch)
-        mine = sorted((int(m.group(2)), name, int(m.group(1)))
-                      for name in names if (m := _MSG_NAME.match(name)) and int(m.group(1)) in self._local)
+        names = await self.store.children(self.layout.messages, watch=self._on_msg_watch)
+        mine = sorted((parsed[1], name, parsed[0])
+                      for name in names if (parsed := self.layout.parse_message(name)) and parsed[0] in self._local)
         self._undeleted &= set(names)
         for _, name, target in mine:
-            path = f"{self.msg_path}/{name}"
+            path = self.layout.message(name)
             if name not in self._undeleted:
                 try:
                     data = await self.store.get(path)
@@ -303,11 +350,11 @@ class Coordinator:
 
     async def _purge_stale_messages(self) -> None:
         """Messages left for our task ids by an earlier run would carry foreign seqs."""
-        for name in await self.store.children(self.msg_path):
-            m = _MSG_NAME.match(name)
-            if m and int(m.group(1)) in self._local:
+        for name in await self.store.children(self.layout.messages):
+            parsed = self.layout.parse_message(name)
+            if parsed and parsed[0] in self._local:
                 try:
-                    await self.store.delete(f"{self.msg_path}/{name}")
+                    await self.store.delete(self.layout.message(name))
                 except NoNode:
                     pass
 
@@ -320,7 +367,7 @@ class Coordinator:
                 del self._dirty[task]
                 self._busy += 1
                 try:
-                    await self._upsert(f"{self.state_path}/{task}", payload)
+                    await self._upsert(self.layout.state(task), payload)
                 except StoreUnavailable:
                     self._dirty.setdefault(task, payload)
                     await self._await_connection()
@@ -342,7 +389,7 @@ class Coordinator:
             await self._state_wake.wait()
             self._state_wake.clear()
             try:
-                names = await self.store.children(self.state_path, watch=self._on_state_children)
+                names = await self.store.children(self.layout.states, watch=self._on_state_children)
             except StoreUnavailable:
                 self._state_wake.set()
                 await self._await_connection()
@@ -377,12 +424,11 @@ class Coordinator:
     async def _read_state(self, name: str, watch: bool) -> TaskState | None:
         task = int(name)
         try:
-            data = await self.store.get(f"{self.state_path}/{name}",
-                                        watch=self._on_state_data if watch else None)
+            data = await self.store.get(self.layout.state(name), watch=self._on_state_data if watch else None)
         except NoNode:
             self._state_gone(task)
             return None
-        state = self._decode(TaskState, data, f"{self.state_path}/{name}", "task", task)
+        state = self._decode(TaskState, data, self.layout.state(name), "task", task)
         if state is None:
             return None
         self._known_states.add(task)

@@ -18,8 +18,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Callable
 
-from backpressure.coordinator.base import (CHANGED, CHILD, CONNECTED, CREATED, DELETED, LOST, SESSION,
-                                           SUSPENDED, Coordinator, NodeExists, NoNode,
+from backpressure.coordinator.base import (CHANGED, CHILD, CONNECTED, CREATED, DELETED, DEFAULT_ROOT, LOST,
+                                           SESSION, SUSPENDED, Coordinator, NodeExists, NoNode,
                                            StoreUnavailable, WatchEvent, Watcher)
 
 
@@ -231,5 +231,5 @@ class MemoryStore:
 class EmbeddedCoordinator(Coordinator):
     """The default coordinator: the document's message path on an in-process tree."""
 
-    def __init__(self, topology: str, root: str = "/topo", server: MemoryServer | None = None) -> None:
+    def __init__(self, topology: str, root: str = DEFAULT_ROOT, server: MemoryServer | None = None) -> None:
         super().__init__(MemoryStore(server), topology, root)

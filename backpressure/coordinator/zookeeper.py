@@ -26,8 +26,8 @@ from kazoo.exceptions import (ConnectionClosedError, ConnectionLoss, NodeExistsE
                               OperationTimeoutError, SessionExpiredError)
 from kazoo.protocol.states import EventType, WatchedEvent
 
-from backpressure.coordinator.base import (CHANGED, CHILD, CONNECTED, CREATED, DELETED, LOST, SESSION,
-                                           SUSPENDED, Coordinator, NodeExists, NoNode,
+from backpressure.coordinator.base import (CHANGED, CHILD, CONNECTED, CREATED, DELETED, DEFAULT_ROOT, LOST,
+                                           SESSION, SUSPENDED, Coordinator, NodeExists, NoNode,
                                            StoreUnavailable, WatchEvent, Watcher)
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ def parse_zookeeper_url(url: str) -> tuple[str, str]:
     parsed = urlparse(url)
     if parsed.scheme != "zookeeper" or not parsed.netloc:
         raise ValueError(f"expected zookeeper://host:port/root, got {url!r}")
-    root = parsed.path.rstrip("/") or "/topo"
+    root = parsed.path.rstrip("/") or DEFAULT_ROOT
     return parsed.netloc, root
 
 

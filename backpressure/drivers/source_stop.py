@@ -10,8 +10,8 @@ flow controls are kept so consoles and benchmarks read it alike:
 
 * an overloaded bolt task counts one BACKPRESSURE signal sent (RELEASE when it
   recovers); each spout counts one received per STOP (RELEASE per RESUME);
-* a stopped spout's ``TaskStats`` show ``backpressure`` set, ``k == 1`` and the
-  ``rate_limit``; a running one ``k == 0`` and no limit;
+* a stopped spout shows ``backpressure`` set and ``k == 1`` (its limiter has the
+  ``stop_rate``); a running one ``k == 0`` and no limit;
 * ``on_rate_change(task_id, rate)`` is called on every limit change (benchmarks).
 
 ``poll`` runs after each input batch; a timer observes every bolt task as well,
@@ -23,9 +23,8 @@ import asyncio
 import time
 from typing import Callable, Sequence
 
-from backpressure.limits import count_signal, show_limit
-from backpressure.policy.source_stop import OVERLOADED, RESUME, STOP, Outcome, SourceStop, SourceStopParams
-from backpressure.seams import TaskHandle
+from backpressure.policy.source_stop import BECAME_OVERLOADED, RESUME, STOP, Outcome, SourceStop, SourceStopParams
+from backpressure.seams import FlowDisplay, RateListener, TaskHandle
 from backpressure.signals import BACKPRESSURE, RELEASE
 
 
@@ -33,14 +32,14 @@ class SourceStopFlowControl:
     """Stops every spout while any bolt task is over the high mark."""
 
     def __init__(self, params: SourceStopParams, *, clock: Callable[[], float] = time.monotonic,
-                 tick: float = 0.01) -> None:
+                 period: float = 0.01) -> None:
         self.params = params
         self.clock = clock
-        self.tick = tick
+        self.period = period
         self.policy = SourceStop(params, clock())
         self.spouts: list[TaskHandle] = []
         self.bolts: list[TaskHandle] = []
-        self.on_rate_change: Callable[[int, float | None], None] | None = None
+        self.on_rate_change: RateListener | None = None
         self._timer_task: asyncio.Task[None] | None = None
 
     async def start(self, handles: Sequence[TaskHandle]) -> None:
@@ -48,7 +47,7 @@ class SourceStopFlowControl:
         self.spouts = [h for h in handles if h.is_spout]
         self.bolts = [h for h in handles if not h.is_spout]
         for h in self.spouts:
-            show_limit(h, None, 0)
+            h.show(FlowDisplay())
         self._timer_task = asyncio.create_task(self._timer())
 
     def poll(self, handle: TaskHandle) -> None:
@@ -69,23 +68,20 @@ class SourceStopFlowControl:
 
     async def _timer(self) -> None:
         while True:
-            await asyncio.sleep(self.tick)
+            await asyncio.sleep(self.period)
             for h in self.bolts:
                 self.poll(h)
 
     def _apply(self, bolt: TaskHandle, out: Outcome) -> None:
-        kind = BACKPRESSURE if out.task == OVERLOADED else RELEASE
-        count_signal(bolt, "sent", kind)
+        kind = BACKPRESSURE if out.task == BECAME_OVERLOADED else RELEASE
+        bolt.count_signal("sent", kind)
         if out.spouts is None:
             return
         rate = self.params.stop_rate if out.spouts == STOP else None
         for h in self.spouts:
-            count_signal(h, "received", BACKPRESSURE if out.spouts == STOP else RELEASE)
-            if out.spouts == RESUME:
-                h.clear_rate()
-            else:
-                h.set_rate(rate)  # type: ignore[arg-type]
-            show_limit(h, rate, 0 if rate is None else 1)
+            h.count_signal("received", BACKPRESSURE if out.spouts == STOP else RELEASE)
+            h.set_rate(rate)
+            h.show(FlowDisplay(k=0 if rate is None else 1, backpressure=rate is not None))
             if self.on_rate_change is not None:
                 self.on_rate_change(h.task_id, rate)
 

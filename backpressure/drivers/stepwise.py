@@ -17,21 +17,22 @@ with a ``Coordinator`` carrying what they say to each other.
   which repair any lost message). Holds are deliberately *not* published the
   moment they change: the document's message path stays the fast path and the
   state is the repair path.
-* A task state that disappears and stays gone for ``grace`` (its process stopped
-  or died) releases whatever that task held; one that comes back within ``grace``
-  (a session expiry, then the re-publish) changes nothing. ``stop`` releases
-  everything this run holds.
+* What a published state means (version ordering, which throttles to reconcile,
+  forgetting a task whose state stayed gone for ``grace``) is the pure
+  ``policy.stepwise.PeerStates``'s decision; the timer asks it which gone tasks
+  expired. ``stop`` releases everything this run holds.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from backpressure.coordinator.base import Coordinator
-from backpressure.policy.stepwise import Downstream, RateChange, StepwiseParams, Throttle, UpstreamView
-from backpressure.seams import TaskHandle
+from backpressure.policy.stepwise import (Downstream, PeerStates, RateChange, StateOutcome, StepwiseParams,
+                                          Throttle)
+from backpressure.seams import FlowDisplay, RateListener, TaskHandle
 from backpressure.signals import Signal, TaskState
 
 log = logging.getLogger(__name__)
@@ -41,12 +42,12 @@ class StepwiseFlowControl:
     """Runs the stepwise policy over an engine's task handles."""
 
     def __init__(self, params: StepwiseParams, coordinator: Coordinator, *,
-                 clock: Callable[[], float] = time.monotonic, tick: float | None = None,
+                 clock: Callable[[], float] = time.monotonic, period: float | None = None,
                  heartbeat: float | None = None, grace: float | None = None) -> None:
         self.params = params
         self.coordinator = coordinator
         self.clock = clock
-        self.tick = tick if tick is not None else min(0.25, max(0.005, params.sensitivity / 8))
+        self.period = period if period is not None else min(0.25, max(0.005, params.sensitivity / 8))
         self.heartbeat = heartbeat if heartbeat is not None else min(1.0, params.sensitivity)
         # A state that vanished and came back within ``grace`` was a session expiry, not
         # a stopped task: its holds are kept, so an expiry does not make rates blink.
@@ -54,17 +55,20 @@ class StepwiseFlowControl:
         self.handles: dict[int, TaskHandle] = {}
         self.downstreams: dict[int, Downstream] = {}
         self.throttles: dict[int, Throttle] = {}
-        self.states: dict[int, TaskState] = {}       # every task's newest published state
+        self.peers = PeerStates(self.throttles, self.grace)
         self.dropped = 0                            # messages from sources not alive
-        self.on_rate_change: Callable[[int, float | None], None] | None = None   # benchmarks
-        self._views: dict[int, UpstreamView] = {}
-        self._gone: dict[int, asyncio.TimerHandle] = {}
+        self.on_rate_change: RateListener | None = None
         self._dirty: set[int] = set()
         self._flush_scheduled = False
         self._epoch = time.time_ns()
         self._version = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._running = False
+
+    @property
+    def states(self) -> dict[int, TaskState]:
+        """Every task's newest published state, as this process has seen it."""
+        return self.peers.states
 
     # -- FlowControl ----------------------------------------------------------------------
 
@@ -79,7 +83,7 @@ class StepwiseFlowControl:
             if not h.is_spout and h.upstream_task_ids:
                 self.downstreams[h.task_id] = Downstream(h.task_id, h.upstream_task_ids, self.params,
                                                          now, seq_start)
-            self._set_stats(h, self.throttles[h.task_id])
+            self._show(h.task_id)
         await self.coordinator.start(self.handles, self._on_state)
         self._running = True
         for task_id in self.handles:
@@ -102,9 +106,6 @@ class StepwiseFlowControl:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for h in self._gone.values():
-            h.cancel()
-        self._gone.clear()
         now = self.clock()
         for d in self.downstreams.values():
             for sig in d.release_all(now):
@@ -119,15 +120,16 @@ class StepwiseFlowControl:
 
     # -- policy driving -------------------------------------------------------------------
 
+    def _rate_of(self, task_id: int) -> float:
+        return self.handles[task_id].observed_rate()
+
     def _check(self, d: Downstream, now: float, q: int) -> None:
-        for sig in d.check(now, q, self._views.get):
+        for sig in d.check(now, q, self.peers.view):
             self._send(sig)
 
     def _send(self, sig: Signal) -> None:
         self.coordinator.send(sig)
-        stats = getattr(self.handles.get(sig.source), "stats", None)
-        if stats is not None:
-            stats.count_signal("sent", sig.kind)
+        self.handles[sig.source].count_signal("sent", sig.kind)
 
     async def _consume(self) -> None:
         """The trigger-queue's consumer: each message goes to its target only."""
@@ -137,17 +139,14 @@ class StepwiseFlowControl:
 
     def _apply(self, sig: Signal) -> None:
         th = self.throttles.get(sig.target)
-        h = self.handles.get(sig.target)
-        if th is None or h is None:
+        if th is None:
             return
-        if sig.source not in self.handles and sig.source not in self.states:
+        if not self.peers.alive(sig.source):
             self.dropped += 1     # its state will carry the same hold if it is alive
             return
-        stats = getattr(h, "stats", None)
-        if stats is not None:
-            stats.count_signal("received", sig.kind)
+        self.handles[sig.target].count_signal("received", sig.kind)
         before = th.applied.get(sig.source)
-        change = th.on_signal(sig, h.observed_rate())
+        change = th.on_signal(sig, self._rate_of(sig.target))
         if change is not None:
             self._act(sig.target, change)
         elif th.applied.get(sig.source) != before:
@@ -155,73 +154,39 @@ class StepwiseFlowControl:
 
     def _on_state(self, task: int, state: TaskState | None) -> None:
         """Every state change of every task (the taskstate/ watch)."""
-        if state is None:
-            self.states.pop(task, None)
-            self._views.pop(task, None)
-            if task not in self.handles and task not in self._gone:
-                loop = asyncio.get_running_loop()
-                self._gone[task] = loop.call_later(self.grace, self._forget, task)
-            return
-        gone = self._gone.pop(task, None)
-        if gone is not None:
-            gone.cancel()
-        old = self.states.get(task)
-        if old is not None and old.version > state.version:
-            return
-        self.states[task] = state
-        self._views[task] = UpstreamView(state.k, state.at_floor, state.applied)
-        for tid, th in self.throttles.items():
-            held = state.holds.get(tid, 0)
-            if held or task in th.holds:
-                before = th.applied.get(task)
-                change = th.reconcile(task, held, state.seq, self.handles[tid].observed_rate())
-                if change is not None:
-                    self._act(tid, change)
-                elif th.applied.get(task) != before:
-                    self._mark(tid)
+        self._carry_out(self.peers.update(task, state, self.clock(), self._rate_of))
 
-    def _forget(self, task: int) -> None:
-        """A task's state stayed gone for ``grace``: it stopped, release what it held."""
-        self._gone.pop(task, None)
-        for tid, th in self.throttles.items():
-            change = th.forget(task, self.handles[tid].observed_rate())
-            if change is not None:
-                self._act(tid, change)
+    def _carry_out(self, out: StateOutcome) -> None:
+        for tid, change in out.changes:
+            self._act(tid, change)
+        for tid in out.acknowledged:
+            self._mark(tid)
 
     def _act(self, task_id: int, change: RateChange) -> None:
-        h = self.handles[task_id]
-        if change.rate is None:
-            h.clear_rate()
-        else:
-            h.set_rate(change.rate)
-        self._set_stats(h, self.throttles[task_id])
+        self.handles[task_id].set_rate(change.rate)
+        self._show(task_id)
         if self.on_rate_change is not None:
             self.on_rate_change(task_id, change.rate)
         self._mark(task_id)
 
-    @staticmethod
-    def _set_stats(h: TaskHandle, th: Throttle) -> None:
-        stats: Any = getattr(h, "stats", None)
-        if stats is None:
-            return
-        stats.k = th.k
-        stats.backpressure = th.backpressure
-        stats.rate_limit = th.rate
-        if th.originv is not None:
-            stats.originv = th.originv      # kept after release: the last episode's originv
+    def _show(self, task_id: int) -> None:
+        th = self.throttles[task_id]
+        # originv is kept after a release: the last episode's originv.
+        self.handles[task_id].show(FlowDisplay(th.k, th.backpressure, th.originv))
 
     # -- timer and state publishing ---------------------------------------------------------
 
     async def _timer(self) -> None:
         next_beat = self.clock() + self.heartbeat
         while True:
-            await asyncio.sleep(self.tick)
+            await asyncio.sleep(self.period)
             now = self.clock()
             for task_id, th in self.throttles.items():
                 if th.holds and not th.in_episode:
-                    change = th.refresh(self.handles[task_id].observed_rate())
+                    change = th.refresh(self._rate_of(task_id))
                     if change is not None:
                         self._act(task_id, change)
+            self._carry_out(self.peers.expire(now, self._rate_of))
             for task_id, d in self.downstreams.items():
                 q = self.handles[task_id].queue_bytes()
                 if d.observe(now, q):

@@ -10,7 +10,7 @@ This is that master for one local run:
   reports off in order, as a master process would off its socket;
 * decisions are ``policy.watermark.MasterPolicy``'s; each resulting ``Command``
   goes to ``deliver`` (the flow control, which applies it to the spout task);
-* a timer ticks the policy so ramps advance while no report arrives;
+* a timer advances the policy so ramps advance while no report arrives;
 * ``stop`` releases every spout it throttled.
 
 The same messages over a socket would make it multi-process; nothing here
@@ -32,10 +32,10 @@ class TopologyMaster:
     """Receives task reports, runs the master policy, sends spout commands."""
 
     def __init__(self, policy: MasterPolicy, *, clock: Callable[[], float] = time.monotonic,
-                 tick: float | None = None) -> None:
+                 period: float | None = None) -> None:
         self.policy = policy
         self.clock = clock
-        self.tick = tick if tick is not None else min(0.05, policy.params.check_interval / 8)
+        self.period = period if period is not None else min(0.05, policy.params.check_interval / 8)
         self.inbox: asyncio.Queue[Report] = asyncio.Queue()
         self.counters = {"reports": 0, "commands": 0}
         self._deliver: Callable[[Command], None] = lambda cmd: None
@@ -80,8 +80,8 @@ class TopologyMaster:
 
     async def _timer(self) -> None:
         while True:
-            await asyncio.sleep(self.tick)
-            self._send(self.policy.tick(self.clock()))
+            await asyncio.sleep(self.period)
+            self._send(self.policy.advance(self.clock()))
 
     def _send(self, commands: list[Command]) -> None:
         for cmd in commands:

@@ -13,12 +13,11 @@ upward (R3 of the policy).
   second over the last second in which its queue was never empty, i.e. what it can
   do, not what it was offered (before the first 0.2 s of busy time, whatever span
   there is: a rough figure beats none, and R5 corrects one that is too high). It
-  reads the engine's ``TaskStats.executed`` (the same stats object every flow
-  control writes to); a handle without stats reports 0 and the master falls back
-  to halving the spout's rate.
-* Commands from the master set or clear the spout's limiter and its stats:
-  ``backpressure`` while limited, ``k`` = ramp steps left, ``rate_limit``, and
-  ``originv`` = the spout's observed rate when it was first throttled. Signals are
+  reads ``TaskHandle.executed_count``; a task that has executed nothing reports 0
+  and the master falls back to halving the spout's rate.
+* Commands from the master set or clear the spout's limiter and what it shows:
+  ``backpressure`` while limited, ``k`` = ramp steps left, and ``originv`` = the
+  spout's observed rate when it was first throttled in this episode. Signals are
   counted like the other policies: a report is a signal sent by the bolt task
   (BACKPRESSURE when overloaded, RELEASE when recovered), a command one received
   by the spout.
@@ -28,13 +27,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from backpressure.drivers.topology_master import TopologyMaster
-from backpressure.limits import count_signal, show_limit
 from backpressure.policy.watermark import (THROTTLE, Command, MasterPolicy, Report, TaskWaterMark,
                                            WaterMarkParams, source_spouts)
-from backpressure.seams import TaskHandle
+from backpressure.seams import FlowDisplay, RateListener, TaskHandle
 from backpressure.signals import BACKPRESSURE, RELEASE
 
 
@@ -65,15 +63,17 @@ class WatermarkFlowControl:
     """Runs the water-mark policy over an engine's task handles through a topology master."""
 
     def __init__(self, params: WaterMarkParams, *, clock: Callable[[], float] = time.monotonic,
-                 tick: float | None = None) -> None:
+                 period: float | None = None) -> None:
         self.params = params
         self.clock = clock
-        self.tick = tick if tick is not None else min(0.05, params.check_interval / 8)
+        self.period = period if period is not None else min(0.05, params.check_interval / 8)
         self.handles: dict[int, TaskHandle] = {}
         self.marks: dict[int, TaskWaterMark] = {}
         self.meters: dict[int, ServiceMeter] = {}
         self.master: TopologyMaster | None = None
-        self.on_rate_change: Callable[[int, float | None], None] | None = None
+        self.originv: dict[int, float] = {}       # spout -> its rate before the last episode
+        self.limited: set[int] = set()            # spouts whose limiter is on
+        self.on_rate_change: RateListener | None = None
         self._timer_task: asyncio.Task[None] | None = None
 
     async def start(self, handles: Sequence[TaskHandle]) -> None:
@@ -87,13 +87,13 @@ class WatermarkFlowControl:
         sources = {c: sorted(h.task_id for s in spout_comps for h in by_component[s])
                    for c, spout_comps in source_spouts(inputs, spouts).items()}
         policy = MasterPolicy(self.params, sources, {c: len(hs) for c, hs in by_component.items()})
-        self.master = TopologyMaster(policy, clock=self.clock, tick=self.tick)
+        self.master = TopologyMaster(policy, clock=self.clock, period=self.period)
         for h in handles:
             if not h.is_spout:
                 self.marks[h.task_id] = TaskWaterMark(h.task_id, h.component, self.params)
                 self.meters[h.task_id] = ServiceMeter()
             else:
-                show_limit(h, None, 0)
+                h.show(FlowDisplay())
         await self.master.start(self._deliver, lambda task: self.handles[task].observed_rate())
         self._timer_task = asyncio.create_task(self._timer())
 
@@ -114,34 +114,32 @@ class WatermarkFlowControl:
             await self.master.stop()
 
     def _report(self, handle: TaskHandle, r: Report) -> None:
-        count_signal(handle, "sent", BACKPRESSURE if r.overloaded else RELEASE)
+        handle.count_signal("sent", BACKPRESSURE if r.overloaded else RELEASE)
         assert self.master is not None
         self.master.report(r)
 
     async def _timer(self) -> None:
         while True:
-            await asyncio.sleep(self.tick)
+            await asyncio.sleep(self.period)
             now = self.clock()
             for task_id, meter in self.meters.items():
                 h = self.handles[task_id]
-                stats: Any = getattr(h, "stats", None)
-                if stats is not None:
-                    meter.sample(now, stats.executed, h.queue_bytes() > 0)
+                meter.sample(now, h.executed_count(), h.queue_bytes() > 0)
                 self.poll(h)
 
     def _deliver(self, cmd: Command) -> None:
         h = self.handles.get(cmd.spout)
         if h is None:
             return
-        count_signal(h, "received", BACKPRESSURE if cmd.kind == THROTTLE else RELEASE)
+        h.count_signal("received", BACKPRESSURE if cmd.kind == THROTTLE else RELEASE)
+        if cmd.rate is not None and cmd.spout not in self.limited:
+            self.originv[cmd.spout] = h.observed_rate()      # the rate before this episode
         if cmd.rate is None:
-            h.clear_rate()
+            self.limited.discard(cmd.spout)
         else:
-            stats: Any = getattr(h, "stats", None)
-            if stats is not None and stats.rate_limit is None:
-                stats.originv = h.observed_rate()      # the rate before this episode
-            h.set_rate(cmd.rate)
-        show_limit(h, cmd.rate, cmd.k)
+            self.limited.add(cmd.spout)
+        h.set_rate(cmd.rate)
+        h.show(FlowDisplay(cmd.k, cmd.rate is not None, self.originv.get(cmd.spout)))
         if self.on_rate_change is not None:
             self.on_rate_change(cmd.spout, cmd.rate)
 

@@ -44,8 +44,8 @@ from typing import Any, Mapping
 
 STOP = "stop"
 RESUME = "resume"
-OVERLOADED = "overloaded"
-RECOVERED = "recovered"
+BECAME_OVERLOADED = "became_overloaded"   # a task transition, not a level (cf. stepwise levels)
+BECAME_LIGHT = "became_light"
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ class SourceStopParams:
 class Outcome:
     """What one observation changed: the task's own state, and the spouts' (None: unchanged)."""
 
-    task: str | None = None          # OVERLOADED or RECOVERED
+    task: str | None = None          # BECAME_OVERLOADED or BECAME_LIGHT
     spouts: str | None = None        # STOP or RESUME
 
 
@@ -98,10 +98,10 @@ class SourceStop:
             if task_id in self.overloaded:
                 return _NOTHING
             self.overloaded.add(task_id)
-            return Outcome(OVERLOADED, self._settle(now))
+            return Outcome(BECAME_OVERLOADED, self._settle(now))
         if queue_bytes <= p.low_mark and task_id in self.overloaded:
             self.overloaded.discard(task_id)
-            return Outcome(RECOVERED, self._settle(now))
+            return Outcome(BECAME_LIGHT, self._settle(now))
         return _NOTHING
 
     def forget(self, task_id: int, now: float) -> Outcome:
@@ -109,7 +109,7 @@ class SourceStop:
         if task_id not in self.overloaded:
             return _NOTHING
         self.overloaded.discard(task_id)
-        return Outcome(RECOVERED, self._settle(now))
+        return Outcome(BECAME_LIGHT, self._settle(now))
 
     def stopped_for(self, now: float) -> float:
         """Seconds the spouts have been stopped in total, up to ``now``."""

@@ -82,7 +82,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-from backpressure.signals import BACKPRESSURE, RELEASE, Signal
+from backpressure.signals import BACKPRESSURE, RELEASE, Signal, TaskState
 
 OVERLOADED = "overloaded"
 NORMAL = "normal"
@@ -331,3 +331,84 @@ def max_steps(originv: float, step: float, floor: float) -> int:
         if k >= 1000:     # a floor far under originv; 0.5**1000 is already denormal
             break
     return k
+
+
+@dataclass
+class StateOutcome:
+    """What a change in the published states means for this process's throttles.
+
+    ``changes``: our task -> the rate change its limiter must make; ``acknowledged``:
+    our tasks whose ``applied`` record moved without a rate change (their state must
+    still be re-published, since that is the acknowledgement a downstream waits for).
+    """
+
+    changes: list[tuple[int, RateChange]] = field(default_factory=list)
+    acknowledged: list[int] = field(default_factory=list)
+
+
+class PeerStates:
+    """Every task's newest published state, and what each change does to our throttles.
+
+    * A state older (by ``version``) than the one held is ignored: records can arrive
+      out of order after a reconnect.
+    * A state's ``holds`` entry for one of our tasks is reconciled into its throttle
+      (the repair path for a lost signal); so is a hold that vanished from it.
+    * A task whose state disappears (its process stopped, or its session expired) is
+      *gone* from then on; if it stays gone for ``grace`` its holds are forgotten
+      (``expire``); if its state comes back first, nothing changes, so a session
+      expiry does not make rates blink. Our own tasks are never forgotten this way.
+    """
+
+    def __init__(self, throttles: Mapping[int, Throttle], grace: float) -> None:
+        self.throttles = throttles
+        self.grace = grace
+        self.states: dict[int, TaskState] = {}
+        self.views: dict[int, UpstreamView] = {}
+        self.gone_since: dict[int, float] = {}
+
+    def alive(self, task: int) -> bool:
+        """Whether ``task`` is one of ours or has a published state (signals from others are dropped)."""
+        return task in self.throttles or task in self.states
+
+    def view(self, task: int) -> UpstreamView | None:
+        return self.views.get(task)
+
+    def update(self, task: int, state: TaskState | None, now: float,
+               rate_of: Callable[[int], float]) -> StateOutcome:
+        """Apply one state change of ``task`` (None: its state znode disappeared)."""
+        out = StateOutcome()
+        if state is None:
+            self.states.pop(task, None)
+            self.views.pop(task, None)
+            if task not in self.throttles:
+                self.gone_since.setdefault(task, now)
+            return out
+        self.gone_since.pop(task, None)
+        old = self.states.get(task)
+        if old is not None and old.version > state.version:
+            return out
+        self.states[task] = state
+        self.views[task] = UpstreamView(state.k, state.at_floor, state.applied)
+        for tid, th in self.throttles.items():
+            held = state.holds.get(tid, 0)
+            if held or task in th.holds:
+                before = th.applied.get(task)
+                change = th.reconcile(task, held, state.seq, rate_of(tid))
+                self._record(out, tid, change, th.applied.get(task) != before)
+        return out
+
+    def expire(self, now: float, rate_of: Callable[[int], float]) -> StateOutcome:
+        """Forget every task whose state stayed gone for ``grace``: release what it held."""
+        out = StateOutcome()
+        for task in [t for t, since in self.gone_since.items() if now - since >= self.grace]:
+            del self.gone_since[task]
+            for tid, th in self.throttles.items():
+                self._record(out, tid, th.forget(task, rate_of(tid)), False)
+        return out
+
+    @staticmethod
+    def _record(out: StateOutcome, tid: int, change: RateChange | None, acked: bool) -> None:
+        if change is not None:
+            out.changes.append((tid, change))
+        elif acked:
+            out.acknowledged.append(tid)

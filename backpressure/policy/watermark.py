@@ -83,7 +83,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 THROTTLE = "throttle"
 SPEEDUP = "speedup"
-RELEASE = "release"
+LIFT = "lift"        # limiter off (not a stepwise RELEASE signal, which steps up by one)
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,7 @@ class Command:
     spout: int
     rate: float | None
     k: int                             # ramp steps left before the limiter goes off
-    kind: str                          # THROTTLE, SPEEDUP or RELEASE
+    kind: str                          # THROTTLE, SPEEDUP or LIFT
 
 
 @dataclass
@@ -240,7 +240,7 @@ class MasterPolicy:
             if not tasks:
                 del self.overloaded[r.component]
                 self._start_ramps(r.component, now)
-        out.extend(self.tick(now))
+        out.extend(self.advance(now))
         return out
 
     def forget(self, task: int, now: float) -> list[Command]:
@@ -250,7 +250,7 @@ class MasterPolicy:
                 return self.on_report(Report(task, comp, False, 0.0, 0.0, now), now, lambda s: 0.0)
         return []
 
-    def tick(self, now: float) -> list[Command]:
+    def advance(self, now: float) -> list[Command]:
         """Take every ramp step that is due (R6) and settle the topology flag (R7)."""
         out: list[Command] = []
         p = self.params
@@ -260,7 +260,7 @@ class MasterPolicy:
             st.k -= 1
             if st.k <= 0:
                 st.k, st.wait, st.next_step = 0, 0.0, None
-                out.append(Command(s, None, 0, RELEASE))
+                out.append(Command(s, None, 0, LIFT))
             else:
                 st.wait = st.w0 * st.k / p.ramp_steps
                 st.next_step = now + p.check_interval
@@ -271,7 +271,7 @@ class MasterPolicy:
 
     def release_all(self) -> list[Command]:
         """The run is stopping: every spout back to full speed."""
-        out = [Command(s, None, 0, RELEASE) for s, st in self.spouts.items() if st.wait > 0]
+        out = [Command(s, None, 0, LIFT) for s, st in self.spouts.items() if st.wait > 0]
         self.spouts.clear()
         self.overloaded.clear()
         self.throttled = False

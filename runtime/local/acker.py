@@ -8,9 +8,11 @@ it. The ledger is zero exactly when the whole tree is processed (with probabilit
 1 - 2**-64 per update), however the updates interleave, in constant memory per root.
 
 The acker is a plain object called by tasks on the same event loop (no acker task
-and no queue hop). Each root records its owner as a callback (the owning spout
-task's ``on_outcome``), told of the completion or failure; ``expire`` fails roots
-older than the message timeout.
+and no queue hop), and the only code that knows the ledger's format: a spout's
+emit ``open``s a root, a bolt's ack calls ``ack`` (the hot loops bind both as
+locals). Each root records its owner as a callback (the owning spout task's
+``on_outcome``), told of the completion or failure; ``expire`` fails roots older
+than the message timeout.
 """
 from __future__ import annotations
 
@@ -29,14 +31,31 @@ class Acker:
     """Ledger of in-flight roots."""
 
     def __init__(self, timeout_s: float) -> None:
-        # Written in place by the tasks, without a call per tuple: a spout task's emit
-        # adds ``[edges_xor, owner, deadline]`` for a new root, a bolt task's ack XORs
-        # its edges out and calls ``complete`` when an entry reaches zero.
         self.ledger: dict[int, Entry] = {}
         self.timeout_s = timeout_s
 
     def __len__(self) -> int:
         return len(self.ledger)
+
+    def open(self, root: int, edges: int, owner: Outcome, born: float) -> None:
+        """A spout emitted tracked root ``root`` whose first edges XOR to ``edges``."""
+        if edges:
+            self.ledger[root] = [edges, owner, born + self.timeout_s]
+        else:
+            owner(root, True, "")  # no subscriber: the tree is complete at once
+
+    def ack(self, anchors: dict[int, int], value: int) -> None:
+        """A tuple with ``anchors`` (root -> its edge) was processed; ``value`` is the XOR of
+        the edges anchored to it (its children). A root already gone (failed or timed out)
+        is skipped."""
+        get = self.ledger.get
+        for root, edge in anchors.items():
+            e = get(root)
+            if e is not None:
+                x = e[XOR] ^ edge ^ value
+                e[XOR] = x
+                if not x:
+                    self.complete(root, e)
 
     def complete(self, root: int, e: Entry) -> None:
         """The ledger of ``root`` reached zero: the tree is fully processed."""

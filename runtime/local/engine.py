@@ -21,20 +21,20 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Protocol, Sequence
 
-from topo.api import FieldIndex
-from topo.config import resolve
+from topo.api import Bolt, FieldIndex, Spout, TaskContext
+from topo.config import ResolvedConfig, resolve
 from topo.topology import Topology
 from backpressure.seams import FlowControl
 from runtime.local.acker import Acker
 from runtime.local.deadletter import DeadLetterWriter
 from runtime.local.outbox import Outbox, StreamRoutes
 from runtime.local.queue import ByteQueue
+from runtime.local.tasks import TICK_MARKER, BoltTask, RunState, SpoutTask, TaskWiring
 from runtime.observe.stats import TaskStats
-from runtime.local.tasks import TICK, BoltTask, SpoutTask, _TaskBase
 
 log = logging.getLogger("topo.engine")
 
-_TICK_S = 0.25
+_SAMPLE_PERIOD_S = 0.25   # emit rates, time split, queue gauges, tick markers, acker timeouts
 
 
 class Service(Protocol):
@@ -64,8 +64,8 @@ class LocalEngine:
     def __init__(self, topology: Topology, config: dict[str, Any] | None = None, *,
                  flow: FlowControl | None = None, services: Sequence[Service] = ()) -> None:
         self.topology = topology
-        self.config = config if config is not None and "queue.hard_bound" in config else resolve(
-            topology.config, config or {})
+        self.config: ResolvedConfig = (config if isinstance(config, ResolvedConfig)
+                                       else resolve(topology.config, config or {}))
         cfg = self.config
         self.seed: int | None = cfg["seed"]
         if flow is None:
@@ -73,32 +73,29 @@ class LocalEngine:
             flow = make_flow_control(cfg, topology.name)
         self.flow: FlowControl = flow
         self.services = list(services)
-        self.max_retries: int = cfg["max_retries"]
-        self.max_spout_pending: int = cfg["max_spout_pending"]
-        self.max_tuples: int | None = None
-        self.spout_emitted = 0
-        self.stopping = False
-        self.stop_reason = ""
+        self.run_state = RunState(max_retries=cfg["max_retries"], max_spout_pending=cfg["max_spout_pending"],
+                                  topology=topology.name)
         self.dead_letters = DeadLetterWriter(cfg["dead_letter_path"], topology.name)
-        self.tasks: list[_TaskBase] = []
         self.acker: Acker | None = (Acker(cfg["message_timeout_s"])
                                     if cfg["acking"] else None)
-        self._stop_event: asyncio.Event | None = None
+        self.drain_deadline = float("inf")
+        self.task_ids: dict[str, list[int]] = {}
+        self.queues: dict[int, ByteQueue] = {}
+        self.spout_tasks: list[SpoutTask] = []
+        self.bolt_tasks: list[BoltTask] = []
+        self.tasks: list[SpoutTask | BoltTask] = []
         self._build()
 
     # --- construction ---------------------------------------------------------
     def _build(self) -> None:
         cfg, topo = self.config, self.topology
-        ids: dict[str, list[int]] = {}
         next_id = 1
         for c in topo.components.values():
-            ids[c.id] = list(range(next_id, next_id + c.parallelism))
+            self.task_ids[c.id] = list(range(next_id, next_id + c.parallelism))
             next_id += c.parallelism
-        self.task_ids = ids
-        queues = {tid: ByteQueue(cfg["queue.hard_bound"])
-                  for c in topo.bolts for tid in ids[c.id]}
-        self.queues = queues
-        all_tasks = frozenset(queues)
+        ids = self.task_ids
+        self.queues = {tid: ByteQueue(cfg["queue.hard_bound"]) for c in topo.bolts for tid in ids[c.id]}
+        all_tasks = frozenset(self.queues)
         rng = random.Random(self.seed)
         for c in topo.components.values():
             upstream = sorted({t for i in c.inputs for t in ids[i.source]})
@@ -109,14 +106,29 @@ class LocalEngine:
                     routers = [i.grouping.router(ids[d.id], fi, rng=rng, local_tasks=all_tasks, load=self)
                                for d, i in topo.downstream(c.id) if i.stream == stream]
                     streams[stream] = StreamRoutes(fi, routers)
-                outbox = Outbox(c.id, tid, streams, queues, cfg["batch.size"],
-                                cfg["batch.flush_interval_ms"] / 1000.0)
-                stats = TaskStats(topo.name, c.id, tid, c.kind == "spout",
-                                  high_mark=cfg["queue.high_mark"], low_mark=cfg["queue.low_mark"],
-                                  hard_bound=cfg["queue.hard_bound"] if c.kind == "bolt" else 0)
-                args = (self, c.id, tid, index, c.parallelism, c.instance(), outbox, upstream, stats)
-                task: _TaskBase = SpoutTask(*args) if c.kind == "spout" else BoltTask(*args, queue=queues[tid])
-                self.tasks.append(task)
+                wiring = TaskWiring(
+                    component=c.id, task_id=tid,
+                    context=TaskContext(topo.name, c.id, tid, index, c.parallelism, cfg),
+                    outbox=Outbox(c.id, tid, streams, self.queues, cfg["batch.size"],
+                                  cfg["batch.flush_interval_ms"] / 1000.0),
+                    upstream_task_ids=upstream,
+                    stats=TaskStats(topo.name, c.id, tid, c.kind == "spout",
+                                    high_mark=cfg["queue.high_mark"], low_mark=cfg["queue.low_mark"],
+                                    hard_bound=cfg["queue.hard_bound"] if c.kind == "bolt" else 0),
+                    rng=random.Random(self.seed * 1_000_003 + tid if self.seed is not None else None),
+                    run=self.run_state, acker=self.acker, dead_letters=self.dead_letters,
+                    flow_poll=self.flow.poll)
+                instance = c.instance()
+                if c.kind == "spout":
+                    assert isinstance(instance, Spout)
+                    spout_task = SpoutTask(wiring, instance)
+                    self.spout_tasks.append(spout_task)
+                    self.tasks.append(spout_task)
+                else:
+                    assert isinstance(instance, Bolt)
+                    bolt_task = BoltTask(wiring, instance, self.queues[tid])
+                    self.bolt_tasks.append(bolt_task)
+                    self.tasks.append(bolt_task)
 
     # --- views -----------------------------------------------------------------
     @property
@@ -124,8 +136,16 @@ class LocalEngine:
         return [t.stats for t in self.tasks]
 
     @property
-    def handles(self) -> list[_TaskBase]:
+    def handles(self) -> list[SpoutTask | BoltTask]:
         return list(self.tasks)
+
+    @property
+    def stopping(self) -> bool:
+        return self.run_state.stopping
+
+    @property
+    def stop_reason(self) -> str:
+        return self.run_state.stop_reason
 
     def water_level(self, task_id: int) -> float:
         """LoadView for load-aware grouping: fraction of the hard bound in use."""
@@ -134,40 +154,34 @@ class LocalEngine:
 
     # --- control ---------------------------------------------------------------
     def request_stop(self, reason: str = "stopped") -> None:
-        if not self.stopping:
-            self.stopping = True
-            self.stop_reason = reason
-            log.info("stopping topology %s: %s", self.topology.name, reason)
-        if self._stop_event is not None:
-            self._stop_event.set()
+        self.run_state.request_stop(reason)
 
     def _quiescent(self) -> bool:
         for t in self.tasks:
             if t.outbox.pending_count:
                 return False
-            if isinstance(t, BoltTask):
-                if t.queue.count or not t.waiting:  # type: ignore[union-attr]
-                    return False
-            elif t.pending:  # type: ignore[attr-defined]
+        for b in self.bolt_tasks:
+            if b.queue.count or not b.waiting:
                 return False
-        return True
+        return not any(s.pending for s in self.spout_tasks)
 
-    async def _tick(self) -> None:
+    async def _sample(self) -> None:
+        """Every ``_SAMPLE_PERIOD_S``: stats gauges, Storm tick markers, acker timeouts."""
         start = time.perf_counter_ns()
         while True:
-            await asyncio.sleep(_TICK_S)
+            await asyncio.sleep(_SAMPLE_PERIOD_S)
             now = time.monotonic()
             wall = time.perf_counter_ns() - start
             for t in self.tasks:
+                t.sample(now)
                 s = t.stats
-                s.observed_rate = t.rate.sample(s.emitted, now)
                 s.busy_ns = max(0, wall - s.idle_ns - s.backpressured_ns)
-                if t.queue is not None:
-                    s.queue_bytes = t.queue.bytes
-                    s.queue_tuples = t.queue.count
-                if isinstance(t, BoltTask) and t.tick_interval_s and now - t.last_tick >= t.tick_interval_s:
-                    t.last_tick = now
-                    t.queue.put_marker(TICK)
+            for b in self.bolt_tasks:
+                b.stats.queue_bytes = b.queue.bytes
+                b.stats.queue_tuples = b.queue.count
+                if b.tick_interval_s and now - b.last_tick >= b.tick_interval_s:
+                    b.last_tick = now
+                    b.queue.put_marker(TICK_MARKER)
             if self.acker is not None:
                 self.acker.expire(time.perf_counter())  # the acker runs on perf_counter time
 
@@ -178,15 +192,15 @@ class LocalEngine:
 
     async def _run(self, duration: float | None, max_tuples: int | None, handle_signals: bool) -> RunResult:
         loop = asyncio.get_running_loop()
-        self.max_tuples = max_tuples
-        self._stop_event = asyncio.Event()
-        if self.stopping:
-            self._stop_event.set()
-        for t in self.tasks:
-            if isinstance(t, SpoutTask):
-                t.spout.open(t.context, t.collector)
-            else:
-                t.bolt.prepare(t.context, t.collector)  # type: ignore[attr-defined]
+        run = self.run_state
+        run.max_tuples = max_tuples
+        run.stop_event = asyncio.Event()
+        if run.stopping:
+            run.stop_event.set()
+        for st in self.spout_tasks:
+            st.spout.open(st.context, st.collector)
+        for bt in self.bolt_tasks:
+            bt.bolt.prepare(bt.context, bt.collector)
         await self.flow.start(self.tasks)
         started_services: list[Service] = []
         for s in self.services:
@@ -195,11 +209,9 @@ class LocalEngine:
         if handle_signals:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, self._on_signal)
-        ticker = asyncio.create_task(self._tick(), name="ticker")
-        spouts = [asyncio.create_task(t.run(), name=f"{t.component}:{t.task_id}")
-                  for t in self.tasks if isinstance(t, SpoutTask)]
-        bolts = [asyncio.create_task(t.run(), name=f"{t.component}:{t.task_id}")
-                 for t in self.tasks if isinstance(t, BoltTask)]
+        sampler = asyncio.create_task(self._sample(), name="sampler")
+        spouts = [asyncio.create_task(t.run(), name=f"{t.component}:{t.task_id}") for t in self.spout_tasks]
+        bolts = [asyncio.create_task(t.run(), name=f"{t.component}:{t.task_id}") for t in self.bolt_tasks]
         timer = loop.call_later(duration, self.request_stop, "duration") if duration else None
         try:
             await self._supervise(spouts, bolts)
@@ -209,9 +221,9 @@ class LocalEngine:
             if handle_signals:
                 for sig in (signal.SIGINT, signal.SIGTERM):
                     loop.remove_signal_handler(sig)
-            for task in spouts + bolts + [ticker]:
+            for task in spouts + bolts + [sampler]:
                 task.cancel()
-            await asyncio.gather(*spouts, *bolts, ticker, return_exceptions=True)
+            await asyncio.gather(*spouts, *bolts, sampler, return_exceptions=True)
             for s in reversed(started_services):
                 await s.stop()
             await self.flow.stop()
@@ -220,13 +232,13 @@ class LocalEngine:
                     if isinstance(t, SpoutTask):
                         t.spout.close()
                     else:
-                        t.bolt.cleanup()  # type: ignore[attr-defined]
+                        t.bolt.cleanup()
                 except Exception:
                     log.exception("%s (task %d) close/cleanup raised", t.component, t.task_id)
             self.dead_letters.close()
             now = time.monotonic()
             for t in self.tasks:
-                t.stats.observed_rate = t.rate.sample(t.stats.emitted, now)
+                t.sample(now)
         return RunResult(self.stats, self.stop_reason or "exhausted")
 
     def _on_signal(self) -> None:
@@ -237,9 +249,10 @@ class LocalEngine:
 
     async def _supervise(self, spouts: list[asyncio.Task], bolts: list[asyncio.Task]) -> None:
         """Wait for the spouts to finish (exhausted or stopped), then drain the bolts."""
-        assert self._stop_event is not None
+        stop_event = self.run_state.stop_event
+        assert stop_event is not None
         watch = set(spouts) | set(bolts)
-        stop_wait = asyncio.ensure_future(self._stop_event.wait())
+        stop_wait = asyncio.ensure_future(stop_event.wait())
         try:
             while any(not t.done() for t in spouts) and not self.stopping:
                 done, _ = await asyncio.wait(watch | {stop_wait}, return_when=asyncio.FIRST_COMPLETED)
@@ -264,9 +277,8 @@ class LocalEngine:
             if self.acker is not None and len(self.acker):
                 n = self.acker.fail_all("drain timeout")
                 log.warning("drain timeout: %d tuple trees failed back to their spouts", n)
-                for t in self.tasks:
-                    if isinstance(t, SpoutTask):
-                        t._handle_outcomes()
+                for st in self.spout_tasks:
+                    st.handle_outcomes()
 
 
 @contextlib.contextmanager

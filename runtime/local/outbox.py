@@ -9,7 +9,10 @@ as much as a small tuple's whole processing; spouts and bolts still see one tupl
 at a time.
 
 Per declared stream the outbox builds one emit function with everything it needs
-bound as locals: this is the innermost loop of the runtime.
+bound as locals (``untracked[stream]`` and ``tracked[stream]``): this is the
+innermost loop of the runtime. The collectors a user's component emits through
+(``runtime.local.collectors``) are built on these; an emit that does not fit its
+declared stream raises ``topo.api.EmitError``, built by ``topo.api``'s functions.
 """
 from __future__ import annotations
 
@@ -19,17 +22,10 @@ from typing import Any, Callable, Sequence
 
 import msgpack
 
-from topo.api import DEFAULT_STREAM, FieldIndex, Origin, Tuple, WireTuple
+from topo.api import (EmitError, FieldIndex, Origin, Tuple, WireTuple, arity_error, encoding_error,
+                      unknown_stream_error)
 from topo.groupings import Router
 from runtime.local.queue import ByteQueue
-
-
-class TupleEncodingError(TypeError):
-    """An emitted value has no msgpack encoding (the wire format between tasks)."""
-
-
-class UnknownStreamError(ValueError):
-    """An emit on a stream the component did not declare, or with the wrong arity."""
 
 
 @dataclass
@@ -51,7 +47,7 @@ class Lane:
 
 
 # emit(values, born) for untracked tuples.
-FastEmit = Callable[[Sequence[Any], float], None]
+UntrackedEmit = Callable[[Sequence[Any], float], None]
 # emit(values, roots, parents, born, getrandbits) -> XOR of new edge ids, for tracked ones;
 # ``roots`` is any iterable of root ids (an anchors dict works: its keys are the roots).
 TrackedEmit = Callable[[Sequence[Any], Sequence[int], Sequence[Tuple] | None, float, Callable[[int], int]], int]
@@ -72,10 +68,10 @@ class Outbox:
         self.pending_count = 0
         self.last_flush_at = time.monotonic()
         self._pack = msgpack.Packer(autoreset=True).pack
-        self.fast: dict[str, FastEmit] = {}
+        self.untracked: dict[str, UntrackedEmit] = {}
         self.tracked: dict[str, TrackedEmit] = {}
         for stream, routes in streams.items():
-            self.fast[stream] = self._make_fast(stream, routes)
+            self.untracked[stream] = self._make_untracked(stream, routes)
             self.tracked[stream] = self._make_tracked(stream, routes)
 
     def _lane(self, target: int) -> Lane:
@@ -88,38 +84,35 @@ class Outbox:
         """Wire size of one tuple's ``values``; a clear error naming component and field if unencodable."""
         fields = self.streams[stream].fields.names
         if len(values) != len(fields):
-            raise self._arity_error(values, stream)
+            raise self.arity_error(values, stream)
         try:
             return len(self._pack(values))
-        except (TypeError, ValueError, OverflowError) as e:
-            for name, v in zip(fields, values):
-                try:
-                    self._pack(v)
-                except (TypeError, ValueError, OverflowError):
-                    raise TupleEncodingError(
-                        f"component {self.component!r} (task {self.task_id}) emitted on stream "
-                        f"{stream!r} a value for field {name!r} that msgpack cannot encode: "
-                        f"{type(v).__name__} {v!r:.80}") from None
-            raise TupleEncodingError(f"component {self.component!r}: cannot encode {values!r:.80}: {e}") from None
+        except (TypeError, ValueError, OverflowError):
+            raise encoding_error(self.component, stream, values, fields, self._pack) from None
 
-    def unknown_stream(self, stream: str) -> UnknownStreamError:
-        return UnknownStreamError(
-            f"component {self.component!r} emitted on stream {stream!r}, which it does not declare "
-            f"(declared: {sorted(self.streams)})")
+    def unknown_stream(self, stream: str) -> EmitError:
+        return unknown_stream_error(self.component, stream, list(self.streams))
+
+    def arity_error(self, values: Sequence[Any], stream: str) -> EmitError:
+        return arity_error(self.component, stream, values, self.streams[stream].fields.names)
+
+    def single_route(self, stream: str) -> tuple[Origin, int, list[Lane], Callable[[Sequence[Any]], int]] | None:
+        """For a stream with exactly one non-broadcast subscriber: what an inlined emit needs
+        (origin, field count, lanes, the router's ``select``); None otherwise."""
+        routes = self.streams.get(stream)
+        if routes is None or len(routes.routers) != 1 or routes.routers[0].broadcast:
+            return None
+        router = routes.routers[0]
+        origin = Origin(routes.fields, stream, self.component, self.task_id)
+        return origin, len(routes.fields.names), [self._lane(t) for t in router.targets], router.select
 
     def _plan(self, routes: StreamRoutes) -> list[tuple[bool, list[Lane], Callable[[Sequence[Any]], int]]]:
         return [(r.broadcast, [self._lane(t) for t in r.targets], r.select) for r in routes.routers]
 
-    def _arity_error(self, values: Sequence[Any], stream: str) -> UnknownStreamError:
-        fields = self.streams[stream].fields.names
-        return UnknownStreamError(
-            f"component {self.component!r} emitted {len(values)} values on stream {stream!r}, "
-            f"which declares {len(fields)} fields {list(fields)}")
-
-    def _make_fast(self, stream: str, routes: StreamRoutes) -> FastEmit:
+    def _make_untracked(self, stream: str, routes: StreamRoutes) -> UntrackedEmit:
         origin = Origin(routes.fields, stream, self.component, self.task_id)
         nfields = len(routes.fields.names)
-        arity_error = self._arity_error
+        arity_error = self.arity_error
         outbox = self
         plan = self._plan(routes)
         if len(plan) == 1 and not plan[0][0]:
@@ -149,7 +142,7 @@ class Outbox:
     def _make_tracked(self, stream: str, routes: StreamRoutes) -> TrackedEmit:
         origin = Origin(routes.fields, stream, self.component, self.task_id)
         nfields = len(routes.fields.names)
-        arity_error = self._arity_error
+        arity_error = self.arity_error
         outbox = self
         fromkeys = dict.fromkeys
         plan = self._plan(routes)
@@ -191,57 +184,6 @@ class Outbox:
             return edges
 
         return emit_tracked
-
-    def untracked_emit(self, counter: Any, msg_ids: list[Any] | None) -> Callable[..., None]:
-        """A collector's whole ``emit`` for untracked tuples, default stream inlined.
-
-        ``counter.emitted`` counts emits. Spouts pass ``msg_ids``, where each emit's
-        ``msg_id`` is collected for Storm's immediate ack of untracked tuples; bolts
-        pass None and the third argument (their ``anchors``) means nothing untracked.
-        This is the innermost call of every topology, hence one flat function.
-        """
-        fast = self.fast
-        unknown = self.unknown_stream
-        default = self.streams.get(DEFAULT_STREAM)
-        single = (default is not None and len(default.routers) == 1 and not default.routers[0].broadcast)
-        if not single:
-            def emit_dispatch(values: Sequence[Any], stream: str = DEFAULT_STREAM, msg_id: Any = None,
-                              anchors: Any = None) -> None:
-                counter.emitted += 1
-                f = fast.get(stream)
-                if f is None:
-                    raise unknown(stream)
-                f(values, 0.0)
-                if msg_id is not None and msg_ids is not None:
-                    msg_ids.append(msg_id)
-
-            return emit_dispatch
-        assert default is not None
-        origin = Origin(default.fields, DEFAULT_STREAM, self.component, self.task_id)
-        nfields = len(default.fields.names)
-        arity_error = self._arity_error
-        outbox = self
-        router = default.routers[0]
-        lanes = [self._lane(t) for t in router.targets]
-        select = router.select
-
-        def emit(values: Sequence[Any], stream: str = DEFAULT_STREAM, msg_id: Any = None,
-                 anchors: Any = None) -> None:
-            counter.emitted += 1
-            if stream != DEFAULT_STREAM:
-                f = fast.get(stream)
-                if f is None:
-                    raise unknown(stream)
-                f(values, 0.0)
-            else:
-                if len(values) != nfields:
-                    raise arity_error(values, DEFAULT_STREAM)
-                lanes[select(values)].batch.append(WireTuple((values, origin, None, 0.0, None)))
-                outbox.pending_count += 1
-            if msg_id is not None and msg_ids is not None:
-                msg_ids.append(msg_id)
-
-        return emit
 
     def due(self) -> bool:
         """Whether pending batches should go now: a full batch, or the interval has passed."""

@@ -1,7 +1,12 @@
 """Spout and bolt tasks: the asyncio loops that run one parallel instance each.
 
-Each task is also the ``TaskHandle`` flow control sees: it reports its queue bytes
-and observed emit rate and obeys ``set_rate`` / ``clear_rate`` through its limiter.
+Each task is also the ``TaskHandle`` flow control sees: it reports its queue bytes,
+observed emit rate and executed count, obeys ``set_rate`` through its limiter, and
+is the only writer of its ``stats.rate_limit``.
+
+A task never reaches into the engine: it is given what it needs (``RunState``: the
+stop request and the spout budget; the acker; the dead-letter writer; flow
+control's ``poll``) when it is built.
 
 Where a task waits is where its time goes in Flink's split: awaiting its empty
 input queue is *idle*, awaiting room in a downstream queue or the rate limiter is
@@ -17,25 +22,66 @@ import time
 import types
 from bisect import bisect_left
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
 
-from topo.api import DEFAULT_STREAM, Bolt, EndOfStream, Spout, TaskContext, Tuple
-from runtime.local.outbox import Outbox, TupleEncodingError, UnknownStreamError
+from backpressure.seams import Direction, FlowDisplay
+from topo.api import Bolt, EmitError, EndOfStream, Spout, TaskContext, Tuple
+from runtime.local.acker import Acker
+from runtime.local.collectors import BoltCollector, Pending, SpoutCollector
+from runtime.local.deadletter import DeadLetterWriter
+from runtime.local.outbox import Outbox
 from runtime.local.queue import ByteQueue
 from runtime.local.ratelimit import EwmaRate, RateLimiter
 from runtime.observe.stats import TaskStats
 
-if TYPE_CHECKING:
-    from runtime.local.engine import LocalEngine
-
 log = logging.getLogger("topo.task")
 
-# The control item a ticker puts in a bolt's queue to call ``Bolt.tick``.
-TICK: list[Any] = [None]
+# The control item the engine puts in a bolt's queue to call ``Bolt.tick`` (Storm's tick tuple).
+TICK_MARKER: list[Any] = [None]
 
 # Shortest wait worth a timer: below it the limiter's debt carries to the next call.
 _MIN_SLEEP_S = 0.001
 _SPOUT_IDLE_SLEEP_S = 0.001  # Storm's default sleep-spout wait strategy
+
+
+@dataclass
+class RunState:
+    """What every task of one run reads and the engine owns: stop request and spout budget."""
+
+    max_retries: int
+    max_spout_pending: int
+    max_tuples: int | None = None      # stop once the spouts emitted this many (None: no budget)
+    spout_emitted: int = 0
+    stopping: bool = False
+    stop_reason: str = ""
+    stop_event: asyncio.Event | None = None   # set by ``request_stop``; made by the running engine
+    topology: str = ""
+
+    def request_stop(self, reason: str = "stopped") -> None:
+        if not self.stopping:
+            self.stopping = True
+            self.stop_reason = reason
+            log.info("stopping topology %s: %s", self.topology, reason)
+        if self.stop_event is not None:
+            self.stop_event.set()
+
+
+@dataclass
+class TaskWiring:
+    """Everything a task is built with besides its own instance: given, never looked up."""
+
+    component: str
+    task_id: int
+    context: TaskContext
+    outbox: Outbox
+    upstream_task_ids: Sequence[int]
+    stats: TaskStats
+    rng: random.Random
+    run: RunState
+    acker: Acker | None
+    dead_letters: DeadLetterWriter
+    flow_poll: Callable[[Any], None] = field(default=lambda handle: None)
 
 
 @types.coroutine
@@ -45,25 +91,24 @@ def _yield() -> Any:
 
 
 class _TaskBase:
-    """What spout and bolt tasks share: identity, outbox, limiter, stats."""
+    """What spout and bolt tasks share: identity, outbox, limiter, stats; the ``TaskHandle``."""
 
     is_spout = False
 
-    def __init__(self, engine: "LocalEngine", component: str, task_id: int, index: int,
-                 parallelism: int, instance: Spout | Bolt, outbox: Outbox,
-                 upstream_task_ids: Sequence[int], stats: TaskStats) -> None:
-        self.engine = engine
-        self.component = component
-        self.task_id = task_id
-        self.index = index
+    def __init__(self, wiring: TaskWiring, instance: Spout | Bolt) -> None:
+        self.component = wiring.component
+        self.task_id = wiring.task_id
+        self.context = wiring.context
         self.instance = instance
-        self.outbox = outbox
-        self.upstream_task_ids = list(upstream_task_ids)
-        self.stats = stats
+        self.outbox = wiring.outbox
+        self.upstream_task_ids = list(wiring.upstream_task_ids)
+        self.stats = wiring.stats
+        self.rng = wiring.rng
+        self.run_state = wiring.run
+        self.acker = wiring.acker
+        self.dead_letters = wiring.dead_letters
         self.limiter = RateLimiter()
-        self.rate = EwmaRate()
-        self.rng = random.Random(engine.seed * 1_000_003 + task_id if engine.seed is not None else None)
-        self.context = TaskContext(engine.topology.name, component, task_id, index, parallelism, engine.config)
+        self.emit_meter = EwmaRate()      # observed emit rate (a meter; the limit is the limiter's)
         self.queue: ByteQueue | None = None
 
     # --- TaskHandle ---------------------------------------------------------
@@ -71,15 +116,27 @@ class _TaskBase:
         return self.queue.bytes if self.queue is not None else 0
 
     def observed_rate(self) -> float:
-        return self.rate.value
+        return self.emit_meter.value
 
-    def set_rate(self, tuples_per_second: float) -> None:
-        self.limiter.set_rate(tuples_per_second)
+    def executed_count(self) -> int:
+        return self.stats.executed
+
+    def set_rate(self, tuples_per_second: float | None) -> None:
+        if tuples_per_second is None:
+            self.limiter.clear_rate()
+        else:
+            self.limiter.set_rate(tuples_per_second)
         self.stats.rate_limit = self.limiter.rate
 
-    def clear_rate(self) -> None:
-        self.limiter.clear_rate()
-        self.stats.rate_limit = None
+    def show(self, display: FlowDisplay) -> None:
+        self.stats.show(display)
+
+    def count_signal(self, direction: Direction, kind: str) -> None:
+        self.stats.count_signal(direction, kind)
+
+    def sample(self, now: float) -> None:
+        """Refresh the observed emit rate (the engine's sampler calls this periodically)."""
+        self.stats.observed_rate = self.emit_meter.sample(self.stats.emitted, now)
 
     # --- shared loop pieces ---------------------------------------------------
     async def _send(self, emitted: int) -> None:
@@ -98,79 +155,20 @@ class _TaskBase:
             stats.backpressured_ns += await self.outbox.flush()
 
 
-# What a spout task keeps of each tracked root for replay: a plain tuple, made per emit.
-# (msg_id, values, stream, retries, born)
-_Pending = tuple
-
-
-class SpoutCollector:
-    """The collector a spout emits through (``SpoutOutputCollector``).
-
-    ``emit(values, stream="default", msg_id=None)`` is bound per task at start: with
-    acking off it is the outbox's flat untracked emit, with acking on the tracking one.
-    """
-
-    __slots__ = ("emit", "emitted")
-
-    def __init__(self, task: "SpoutTask") -> None:
-        self.emitted = 0
-        if task.engine.acker is None:
-            # Storm acks an untracked tuple at once; only bother when the spout listens.
-            listens = type(task.instance).ack is not Spout.ack
-            self.emit = task.outbox.untracked_emit(self, task.untracked_acks if listens else None)
-        else:
-            self.emit = _tracked_spout_emit(task, self)
-
-
-def _tracked_spout_emit(task: "SpoutTask", collector: SpoutCollector) -> Callable[..., None]:
-    """The spout's emit with acking on: a tuple with a ``msg_id`` becomes a tracked root.
-
-    The root's edges go into the acker's ledger and its values into ``pending`` for
-    replay; ``_retries`` is the engine's own argument when it replays.
-    """
-    outbox = task.outbox
-    fast, tracked = outbox.fast, outbox.tracked
-    acker = task.engine.acker
-    assert acker is not None
-    ledger, timeout = acker.ledger, acker.timeout_s
-    pending = task.pending
-    getrandbits = task.rng.getrandbits
-    perf = time.perf_counter
-    on_outcome = task.on_outcome
-
-    def emit(values: Sequence[Any], stream: str = DEFAULT_STREAM, msg_id: Any = None, _retries: int = 0) -> None:
-        collector.emitted += 1
-        if msg_id is None:
-            f = fast.get(stream)
-            if f is None:
-                raise outbox.unknown_stream(stream)
-            f(values, 0.0)
-            return
-        e = tracked.get(stream)
-        if e is None:
-            raise outbox.unknown_stream(stream)
-        born = perf()  # also the acker's clock: one reading serves both
-        root = getrandbits(64) or 1
-        edges = e(values, (root,), None, born, getrandbits)
-        pending[root] = (msg_id, values, stream, _retries, born)
-        if edges:
-            ledger[root] = [edges, on_outcome, born + timeout]
-        else:
-            on_outcome(root, True, "")  # no subscriber: complete at once
-
-    return emit
-
-
 class SpoutTask(_TaskBase):
     is_spout = True
 
-    def __init__(self, *a: Any, **kw: Any) -> None:
-        super().__init__(*a, **kw)
-        self.spout: Spout = self.instance  # type: ignore[assignment]
+    def __init__(self, wiring: TaskWiring, spout: Spout) -> None:
+        super().__init__(wiring, spout)
+        self.spout = spout
         self.untracked_acks: list[Any] = []
-        self.pending: dict[int, _Pending] = {}
+        self.pending: dict[int, Pending] = {}
         self.outcomes: deque[tuple[int, bool, str]] = deque()
-        self.collector = SpoutCollector(self)
+        # Storm acks an untracked tuple at once; only bother when the spout listens.
+        listens = type(spout).ack is not Spout.ack
+        self.collector = SpoutCollector(self.outbox, acker=self.acker, pending=self.pending,
+                                        on_outcome=self.on_outcome, getrandbits=self.rng.getrandbits,
+                                        untracked_acks=self.untracked_acks if listens else None)
         self.exhausted = False
         self._errors_logged = 0
         self.parked = False  # waiting in _wait_outcome
@@ -182,8 +180,9 @@ class SpoutTask(_TaskBase):
         if self.parked:
             self._wake.set()
 
-    def _handle_outcomes(self) -> None:
-        engine, stats, spout = self.engine, self.stats, self.spout
+    def handle_outcomes(self) -> None:
+        """Acks and fails the acker reported: latency, ``Spout.ack``/``fail``, replay or dead letter."""
+        run, stats, spout = self.run_state, self.stats, self.spout
         outcomes, pending = self.outcomes, self.pending
         hist = stats.complete_latency
         bounds, counts = hist.bounds, hist.counts
@@ -207,15 +206,15 @@ class SpoutTask(_TaskBase):
                 continue
             stats.failed += 1
             spout.fail(msg_id)
-            if engine.stopping:
+            if run.stopping:
                 continue  # failed back to the spout; the source keeps it
-            if retries < engine.max_retries:
+            if retries < run.max_retries:
                 stats.replayed += 1
                 stats.emitted += 1
                 self.collector.emit(values, stream, msg_id, retries + 1)
             else:
                 stats.dead_lettered += 1
-                engine.dead_letters.write(self.component, self.task_id, msg_id, stream,
+                self.dead_letters.write(self.component, self.task_id, msg_id, stream,
                                           values, retries, reason)
         stats.acked += acked
         hist.n += acked
@@ -233,22 +232,22 @@ class SpoutTask(_TaskBase):
         return max(1, min(self.outbox.batch_size, int(rate * 0.002)))
 
     async def run(self) -> None:
-        spout, engine, collector, stats, outbox = self.spout, self.engine, self.collector, self.stats, self.outbox
+        spout, run, collector, stats, outbox = self.spout, self.run_state, self.collector, self.stats, self.outbox
         call = spout.next_tuple
         is_async = inspect.iscoroutinefunction(call)
-        max_pending = engine.max_spout_pending
+        max_pending = run.max_spout_pending
         while True:
             if self.outcomes:
-                self._handle_outcomes()
+                self.handle_outcomes()
             if self.untracked_acks:
                 acks = self.untracked_acks[:]
                 self.untracked_acks.clear()  # the same list stays bound in the collector
                 for m in acks:
                     spout.ack(m)
-            max_tuples = engine.max_tuples
-            if max_tuples is not None and engine.spout_emitted >= max_tuples:
-                engine.request_stop("max_tuples")
-            if engine.stopping or self.exhausted:
+            max_tuples = run.max_tuples
+            if max_tuples is not None and run.spout_emitted >= max_tuples:
+                run.request_stop("max_tuples")
+            if run.stopping or self.exhausted:
                 if outbox.pending_count:
                     stats.backpressured_ns += await outbox.flush()
                 if not self.pending:
@@ -263,7 +262,7 @@ class SpoutTask(_TaskBase):
             before = collector.emitted
             limit = self._chunk()
             if max_tuples is not None:
-                limit = max(1, min(limit, max_tuples - engine.spout_emitted))
+                limit = max(1, min(limit, max_tuples - run.spout_emitted))
             batch_size = outbox.batch_size
             dry = False
             try:
@@ -280,7 +279,7 @@ class SpoutTask(_TaskBase):
                         break
             except EndOfStream:
                 self.exhausted = True
-            except (TupleEncodingError, UnknownStreamError):
+            except EmitError:
                 raise
             except Exception as exc:
                 self._errors_logged += 1
@@ -290,7 +289,7 @@ class SpoutTask(_TaskBase):
                               exc_info=exc if self._errors_logged <= 3 else None)
                 dry = True
             emitted = collector.emitted - before
-            engine.spout_emitted += emitted
+            run.spout_emitted += emitted
             if emitted:
                 await self._send(emitted)
                 if not dry and not self.exhausted:
@@ -321,122 +320,26 @@ class SpoutTask(_TaskBase):
         self.stats.idle_ns += time.perf_counter_ns() - t0
 
 
-class BoltCollector:
-    """The collector a bolt emits, acks and fails through (``OutputCollector``)."""
-
-    __slots__ = ("_task", "_fast", "_tracked_emit", "_acker", "_auto_anchor", "_getrandbits",
-                 "emit", "emitted", "current")
-
-    def __init__(self, task: "BoltTask") -> None:
-        self._task = task
-        self._fast = task.outbox.fast
-        self._tracked_emit = task.outbox.tracked
-        self._acker = task.engine.acker
-        self._auto_anchor = task.auto_ack
-        self._getrandbits = task.rng.getrandbits
-        self.emitted = 0
-        self.current: Tuple | None = None  # the input being executed (auto-anchoring)
-        # emit(values, stream="default", anchors=None), bound per task like the spout's.
-        self.emit = (task.outbox.untracked_emit(self, None) if self._acker is None
-                     else self._auto_anchored_emit())
-
-    def _auto_anchored_emit(self) -> Callable[..., None]:
-        """Tracked emit with the common case first: anchored to the input being executed."""
-        collector = self
-        tracked = self._tracked_emit
-        getrandbits = self._getrandbits
-        general = self._emit_tracked
-        auto = self._auto_anchor
-        unknown = self._task.outbox.unknown_stream
-
-        def emit(values: Sequence[Any], stream: str = DEFAULT_STREAM,
-                 anchors: Tuple | Sequence[Tuple] | None = None) -> None:
-            if anchors is None and auto:
-                cur = collector.current
-                if cur is not None:
-                    roots = cur.anchors
-                    if roots:
-                        e = tracked.get(stream)
-                        if e is None:
-                            raise unknown(stream)
-                        collector.emitted += 1
-                        e(values, roots, (cur,), cur.born, getrandbits)
-                        return
-            general(values, stream, anchors)
-
-        return emit
-
-    def _emit_tracked(self, values: Sequence[Any], stream: str = DEFAULT_STREAM,
-                      anchors: Tuple | Sequence[Tuple] | None = None) -> None:
-        self.emitted += 1
-        if anchors is None and self._auto_anchor:
-            cur = self.current
-            if cur is not None and cur.anchors:  # the common case: anchored to the input
-                emit = self._tracked_emit.get(stream)
-                if emit is None:
-                    raise self._task.outbox.unknown_stream(stream)
-                emit(values, cur.anchors, (cur,), cur.born, self._getrandbits)
-                return
-            anchors = cur
-        parents = () if anchors is None else (anchors,) if isinstance(anchors, Tuple) else tuple(anchors)
-        roots: dict[int, None] = {}
-        for p in parents:
-            if p.anchors:
-                roots.update(dict.fromkeys(p.anchors))
-        emit = self._tracked_emit.get(stream)
-        if emit is None:
-            raise self._task.outbox.unknown_stream(stream)
-        if roots:
-            emit(values, roots, parents, parents[0].born, self._getrandbits)
-        else:
-            self._fast[stream](values, 0.0)
-
-    def ack(self, tup: Tuple) -> None:
-        self._task.stats.acked += 1
-        self.ack_silently(tup)
-
-    def ack_silently(self, tup: Tuple) -> None:
-        """XOR the tuple's edge (and its children's) out of each root's ledger; no count."""
-        acker = self._acker
-        anchors = tup.anchors
-        if acker is not None and anchors:
-            ledger = acker.ledger
-            v = tup.ackcell[0]
-            for root, edge in anchors.items():
-                e = ledger.get(root)
-                if e is not None:  # gone: already failed or timed out
-                    x = e[0] ^ edge ^ v
-                    e[0] = x
-                    if not x:
-                        acker.complete(root, e)
-
-    def fail(self, tup: Tuple, reason: str = "") -> None:
-        task = self._task
-        task.stats.failed += 1
-        acker = self._acker
-        if acker is not None and tup.anchors:
-            why = reason or f"failed by {task.component}:{task.task_id}"
-            for root in tup.anchors:
-                acker.fail(root, why)
-
-
 class BoltTask(_TaskBase):
-    def __init__(self, *a: Any, queue: ByteQueue, **kw: Any) -> None:
-        super().__init__(*a, **kw)
-        self.bolt: Bolt = self.instance  # type: ignore[assignment]
-        self.queue = queue
-        self.auto_ack = bool(getattr(self.bolt, "auto_ack", True))
-        self.collector = BoltCollector(self)
+    def __init__(self, wiring: TaskWiring, bolt: Bolt, queue: ByteQueue) -> None:
+        super().__init__(wiring, bolt)
+        self.bolt = bolt
+        self.queue: ByteQueue = queue
+        self.flow_poll = wiring.flow_poll
+        self.auto_ack = bool(getattr(bolt, "auto_ack", True))
+        self.collector = BoltCollector(self.outbox, acker=self.acker, stats=self.stats,
+                                       auto_anchor=self.auto_ack, getrandbits=self.rng.getrandbits)
         self.waiting = False   # parked on an empty queue with nothing pending (drain check)
-        self.tick_interval_s = getattr(self.bolt, "tick_interval_s", None)
+        self.tick_interval_s: float | None = getattr(bolt, "tick_interval_s", None)
         self.last_tick = time.monotonic()
+        self._is_async = inspect.iscoroutinefunction(bolt.execute)
         self._errors_logged = 0
 
     def _on_error(self, tup: Tuple, exc: BaseException) -> None:
-        if isinstance(exc, (TupleEncodingError, UnknownStreamError)):
+        if isinstance(exc, EmitError):
             raise exc  # a programming error: stop the topology with the precise message
         reason = f"{self.component}:{self.task_id} raised {type(exc).__name__}: {exc}"
-        if self.engine.acker is None or not tup.anchors:
+        if self.acker is None or not tup.anchors:
             self._errors_logged += 1
             if self._errors_logged <= 10 or self._errors_logged % 1000 == 0:
                 log.error("bolt %s (task %d) failed a tuple (%d so far): %s", self.component,
@@ -445,17 +348,11 @@ class BoltTask(_TaskBase):
         self.collector.fail(tup, reason)
 
     async def _execute_batch(self, batch: list[Tuple]) -> None:
-        """Execute each tuple; ack (auto_ack) or fail it. One tuple per batch is timed.
-
-        With acking on, the auto-ack is the ledger update of ``ack_silently`` written
-        out in the loop: it runs once per tuple per hop.
-        """
+        """Execute each tuple; ack (auto_ack) or fail it. One tuple per batch is timed."""
         execute = self.bolt.execute
         collector = self.collector
         is_async = self._is_async
-        acker = self.engine.acker
-        ledger_get = acker.ledger.get if acker is not None else None
-        complete = acker.complete if acker is not None else None
+        ack = self.acker.ack if self.acker is not None else None
         auto_ack = self.auto_ack
         perf = time.perf_counter
         ok = 0
@@ -474,15 +371,8 @@ class BoltTask(_TaskBase):
                 if auto_ack:
                     ok += 1
                     anchors = tup.anchors
-                    if anchors and ledger_get is not None:
-                        v = tup.ackcell[0]
-                        for root, edge in anchors.items():
-                            e = ledger_get(root)
-                            if e is not None:  # gone: already failed or timed out
-                                x = e[0] ^ edge ^ v
-                                e[0] = x
-                                if not x:
-                                    complete(root, e)
+                    if anchors and ack is not None:
+                        ack(anchors, tup.ackcell[0])
             if first:
                 # Execute latency is sampled: the first tuple of every transfer batch.
                 self.stats.execute_latency.observe(perf() - t_first)
@@ -513,11 +403,9 @@ class BoltTask(_TaskBase):
 
     async def run(self) -> None:
         bolt, collector, stats, queue = self.bolt, self.collector, self.stats, self.queue
-        assert queue is not None
-        self._is_async = inspect.iscoroutinefunction(bolt.execute)
-        run_batch = (self._execute_batch_fast if not self._is_async and self.engine.acker is None
+        run_batch = (self._execute_batch_fast if not self._is_async and self.acker is None
                      else self._execute_batch)
-        flow_poll = self.engine.flow.poll
+        flow_poll = self.flow_poll
         while True:
             item = queue.get_nowait()
             if item is None:
@@ -532,7 +420,7 @@ class BoltTask(_TaskBase):
                 self.waiting = False
             batch = item[0]
             before = collector.emitted
-            if batch is TICK:
+            if batch is TICK_MARKER:
                 try:
                     bolt.tick()
                 except Exception:

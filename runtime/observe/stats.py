@@ -9,6 +9,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+from backpressure.seams import FlowDisplay
+
 # Latency bucket upper bounds in seconds (Prometheus-style cumulative on export).
 LATENCY_BUCKETS: tuple[float, ...] = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
@@ -66,7 +68,7 @@ class TaskStats:
     high_mark: int = 0
     low_mark: int = 0
     hard_bound: int = 0
-    rate_limit: float | None = None      # tuples/s; None = limiter off
+    rate_limit: float | None = None      # tuples/s; None = limiter off (written by the task only)
     observed_rate: float = 0.0           # EWMA of emits/s
     originv: float | None = None         # rate before the first backpressure step
     k: int = 0                           # backpressure step count
@@ -79,6 +81,13 @@ class TaskStats:
     @property
     def task_name(self) -> str:
         return f"{self.component}:{self.task_id}"
+
+    def show(self, display: FlowDisplay) -> None:
+        """What flow control says of this task (the limit itself is the limiter's, set apart)."""
+        self.k = display.k
+        self.backpressure = display.backpressure
+        if display.originv is not None:
+            self.originv = display.originv      # kept after a release: the last episode's
 
     def count_signal(self, direction: str, kind: str) -> None:
         book = self.signals_sent if direction == "sent" else self.signals_received

@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import msgpack
 
-from topo.api import DEFAULT_STREAM, FieldIndex, TaskContext, Tuple
+from topo.api import DEFAULT_STREAM, FieldIndex, TaskContext, Tuple, check_emit
 from topo.groupings import fields_task_index
 from topo.state import hashable_key
 
@@ -81,12 +81,7 @@ class BusCollector:
         self.failed = 0
 
     def emit(self, values: Sequence[Any], stream: str = DEFAULT_STREAM, anchors: Any = None) -> None:
-        declared = self.outputs.get(stream)
-        if declared is None:
-            raise ValueError(f"bolt {self.component!r} emitted on undeclared stream {stream!r}")
-        if len(values) != len(declared):
-            raise ValueError(f"bolt {self.component!r} emitted {len(values)} values on {stream!r}, "
-                             f"which declares {list(declared)}")
+        check_emit(self.component, self.outputs, stream, values)
         self.streams.append(stream)
         self.values.append(msgpack.packb(list(values)))
 
