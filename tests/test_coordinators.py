@@ -69,7 +69,7 @@ async def test_signal_travels_to_its_target_and_the_znode_is_deleted(backend: Ba
         (got,) = await drain(c, 1)
         assert got == sig(2, 1)
         await until(lambda: c.counters["consumed"] == 1 and not c._undeleted, what="consumed")
-        assert await c.store.children(c.msg_path) == []
+        assert await c.store.children(c.layout.messages) == []
 
 
 async def test_messages_are_read_in_sequence_order(backend: Backend) -> None:
@@ -114,14 +114,14 @@ async def test_send_queue_keeps_the_newest_signal_per_pair(backend: Backend) -> 
 
 async def test_malformed_message_znode_is_logged_skipped_and_deleted(backend: Backend, caplog: pytest.LogCaptureFixture) -> None:
     async with one_process(backend, [1]) as c:
-        await c.store.create(f"{c.msg_path}/m1-", b"\xc1garbage", sequence=True)
-        await c.store.create(f"{c.msg_path}/m1-", b"\x00" * 70_000, sequence=True)     # over the size limit
-        await c.store.create(f"{c.msg_path}/m1-", sig(3, 2).encode(), sequence=True)   # names 1, carries 2
+        await c.store.create(c.layout.message_prefix(1), b"\xc1garbage", sequence=True)
+        await c.store.create(c.layout.message_prefix(1), b"\x00" * 70_000, sequence=True)     # over the size limit
+        await c.store.create(c.layout.message_prefix(1), sig(3, 2).encode(), sequence=True)   # names 1, carries 2
         c.send(sig(2, 1, seq=7))
         assert await drain(c, 1) == [sig(2, 1, seq=7)]
         await until(lambda: c.counters["malformed"] == 3, what="three malformed znodes counted")
         await until(lambda: not c._undeleted)
-        assert await c.store.children(c.msg_path) == []
+        assert await c.store.children(c.layout.messages) == []
         assert "malformed" in caplog.text
 
 
@@ -131,7 +131,7 @@ async def test_stale_messages_from_an_earlier_run_are_purged(backend: Backend) -
     await c.stop()
     raw = backend.coordinator()
     await raw.start([99], Seen())
-    await raw.store.create(f"{raw.msg_path}/m1-", sig(2, 1, seq=10**15).encode(), sequence=True)
+    await raw.store.create(raw.layout.message_prefix(1), sig(2, 1, seq=10**15).encode(), sequence=True)
     c2 = backend.coordinator()
     await c2.start([1], Seen())
     try:
@@ -169,7 +169,7 @@ async def test_malformed_state_is_ignored(backend: Backend) -> None:
     seen = Seen()
     await a.start([1], seen)
     try:
-        await a.store.create(f"{a.state_path}/7", b"\x93garbage", ephemeral=True)
+        await a.store.create(a.layout.state(7), b"\x93garbage", ephemeral=True)
         a.publish(TaskState(task=1, version=(1, 1)))
         await until(lambda: seen.states.get(1) is not None)
         await until(lambda: a.counters["malformed"] >= 1, what="malformed state counted")
@@ -203,7 +203,7 @@ async def test_session_expiry_republishes_ephemeral_state_and_keeps_delivering(b
         await until(lambda: a.counters["resyncs"] >= 1, 20, what="a resynced after expiry")
         await until(lambda: seen_b.states.get(1) is not None and seen_b.states[1].k == 2, 20,
                     what="task 1's state is back")
-        names = await b.store.children(b.state_path)
+        names = await b.store.children(b.layout.states)
         assert "1" in names
         a.send(sig(1, 2, seq=3))
         b.send(sig(2, 1, seq=4))
@@ -238,11 +238,11 @@ def test_factory_maps_policy_and_coordinator() -> None:
     assert isinstance(make_flow_control(resolve({"backpressure.policy": "none"}), "t"), NoFlowControl)
     fc = make_flow_control(resolve({"backpressure.step": 0.25, "queue.high_mark": "10MB"}), "t")
     assert isinstance(fc, StepwiseFlowControl) and isinstance(fc.coordinator, EmbeddedCoordinator)
-    assert fc.params.step == 0.25 and fc.params.high_mark == 10_000_000 and fc.coordinator.base == "/topo/t"
+    assert fc.params.step == 0.25 and fc.params.high_mark == 10_000_000 and fc.coordinator.layout.base == "/topo/t"
     zk = make_flow_control(resolve({"coordinator": "zookeeper://127.0.0.1:1/apps/topo"}), "wc")
     assert isinstance(zk, StepwiseFlowControl) and isinstance(zk.coordinator, ZooKeeperCoordinator)
-    assert zk.coordinator.msg_path == "/apps/topo/wc/taskmessage"
-    assert zk.coordinator.state_path == "/apps/topo/wc/taskstate"
+    assert zk.coordinator.layout.messages == "/apps/topo/wc/taskmessage"
+    assert zk.coordinator.layout.states == "/apps/topo/wc/taskstate"
     with pytest.raises(ConfigError):
         resolve({"coordinator": "zk://nowhere"})
 

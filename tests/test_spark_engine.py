@@ -18,7 +18,7 @@ import pytest
 
 from runtime.local.engine import run as run_local
 from runtime.spark import engine as spark_engine
-from runtime.spark.sinks import read_rows
+from runtime.spark.result_store import read_rows
 from topo.api import Bolt
 from topo.examples.wordcount import DEFAULT_SENTENCES, expected_counts
 from topo.sinks import SQLiteSink, read_table

@@ -1,6 +1,6 @@
 """Spark engine pieces that need no Spark session: scheduling-delay derivation, the
 feedback loop on fake progress, admission arithmetic, the reader's offsets and
-partitions, topology mapping checks, and the idempotent database sinks."""
+partitions, topology mapping checks, and the idempotent result store."""
 from __future__ import annotations
 
 import json
@@ -21,7 +21,7 @@ from runtime.spark.datasource import (OffsetStreamReader, admit, read_rate, read
 from runtime.spark.listener import (RateFeedback, SourceControl, next_boundary, parse_timestamp,
                                     scheduling_delay, submission_time)
 from runtime.spark.plan import check, stage_plans, terminal_streams
-from runtime.spark.sinks import open_sink, read_rows, table_name
+from runtime.spark.result_store import open_sink, read_rows, table_name
 from topo.api import Bolt, Spout
 from topo.sources import FileLog, MessageLogSpout, SyntheticSource, Constant
 from topo.state import KeyedBolt

@@ -4,8 +4,9 @@ Two sources, the same columns (component, task, rate, originv, k, backpressure
 flag, queue bytes, marks):
 
 * ZooKeeper: the ``taskstate/<task_id>`` znodes every task publishes under
-  ``/<root>/<topology>/`` (``--zk zookeeper://host:port/root`` and the topology's
-  name, or a topology.yaml whose config says ``coordinator: zookeeper://...``).
+  ``/<root>/<topology>/`` (the coordinator's ``ZnodeLayout``; ``--zk
+  zookeeper://host:port/root`` and the topology's name, or a topology.yaml whose
+  config says ``coordinator: zookeeper://...``).
   Read with a short-lived kazoo client: this is a command, not the event loop.
 * A status file: a run with the embedded coordinator has no shared store, so the
   ``StatusWriter`` service writes the run's task states to ``status.path`` every
@@ -168,11 +169,16 @@ def read_zookeeper(url: str, name: str, timeout: float = 5.0) -> tuple[str, list
     from kazoo.exceptions import NoNodeError
     from kazoo.handlers.threading import KazooTimeoutError
 
+    from backpressure.coordinator.base import ZnodeLayout
     from backpressure.coordinator.zookeeper import parse_zookeeper_url
     from backpressure.signals import SignalError, TaskState
 
     hosts, root = parse_zookeeper_url(url)
-    base = f"{root}/{name}/taskstate"
+    missing = StatusError(f"no topology {name!r} under {root} on {hosts}")
+    try:
+        layout = ZnodeLayout(name, root)
+    except ValueError:      # a name no topology can have
+        raise missing from None
     client = KazooClient(hosts=hosts, timeout=max(timeout, 1.0))
     try:
         client.start(timeout)
@@ -180,18 +186,18 @@ def read_zookeeper(url: str, name: str, timeout: float = 5.0) -> tuple[str, list
         raise StatusError(f"cannot reach ZooKeeper at {hosts}") from None
     try:
         try:
-            children = client.get_children(base)
+            children = client.get_children(layout.states)
         except NoNodeError:
-            raise StatusError(f"no topology {name!r} under {root} on {hosts}") from None
+            raise missing from None
         rows = []
         for child in children:
             try:
-                data, _ = client.get(f"{base}/{child}")
+                data, _ = client.get(layout.state(child))
                 rows.append(TaskState.decode(data).row())
             except NoNodeError:
                 continue
             except SignalError as e:
-                print(f"topo status: skipping {base}/{child}: {e}", file=sys.stderr)
+                print(f"topo status: skipping {layout.state(child)}: {e}", file=sys.stderr)
     finally:
         client.stop()
         client.close()

@@ -9,7 +9,7 @@
 3. creates one streaming source per spout (``runtime.spark.datasource``: pre-sharding
    over ``core_num`` cores, admission capped by that spout's rate controller);
 4. chains the bolts (``runtime.spark.bolts``) and writes the terminal streams to the
-   database sink with ``foreachBatch`` (``runtime.spark.sinks``, idempotent by batch);
+   database sink with ``foreachBatch`` (``runtime.spark.result_store``, idempotent by batch);
 5. runs the rate-control loop: a ``StreamingQueryListener`` and a submission ticker
    feed the controllers (``runtime.spark.listener``), which publish caps to the reader;
 6. stops when every source is finite and read (``exhausted``), after ``duration``
@@ -28,6 +28,7 @@ session the engine started is stopped at the end, one passed in is left running.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import statistics
@@ -46,7 +47,7 @@ from runtime.spark.datasource import SOURCE_NAME, OffsetDataSource, source_optio
 from runtime.spark.listener import (BatchRecord, RateFeedback, SourceControl, SubmissionTicker,
                                     make_listener, next_boundary)
 from runtime.spark.plan import build, needs_tws, stage_plans, terminal_streams
-from runtime.spark.sinks import open_sink
+from runtime.spark.result_store import BatchSink, open_sink
 from topo.config import resolve
 from topo.sources.base import select_columns
 from topo.topology import Topology, TopologyError
@@ -117,114 +118,159 @@ def _check_tws_available() -> None:
 def run(topology: Topology, config: Mapping[str, Any] | None = None, *, master: str | None = None,
         duration: float | None = None, max_tuples: int | None = None, spark: Any = None,
         handle_signals: bool = True) -> SparkRunResult:
-    """Run ``topology`` on Spark (see the module docstring)."""
+    """Run ``topology`` on Spark (see the module docstring).
+
+    Every resource is registered with one ``ExitStack`` the moment it exists, so it is
+    released in the reverse order of acquisition: ticker, query, listener, database
+    sink, metrics server, session (when the engine started it), temporary directory.
+    """
     cfg = resolve(topology.config, dict(config or {}))
     plans = stage_plans(topology, cfg)
     if needs_tws(plans):
         _check_tws_available()
     interval_s = float(cfg["spark.trigger_interval_ms"]) / 1000.0
-    own_session = spark is None
-    if own_session:
-        from runtime.spark.session import get_session
+    with contextlib.ExitStack() as stack:
+        temp_dir = _temp_dir(stack)
+        spark, own_session = _session(stack, spark, master, cfg)
+        state_dir = cfg["spark.state_dir"] or str(Path(temp_dir) / "state")
+        Path(state_dir).mkdir(parents=True, exist_ok=True)
+        checkpoint = cfg["spark.checkpoint_dir"] or str(Path(temp_dir) / "checkpoint")
+        core_num = _configure(spark, cfg, plans, own_session)
 
-        spark = get_session(master or cfg["spark.master"], shuffle_partitions=cfg["spark.shuffle_partitions"])
-    temp_dir = tempfile.mkdtemp(prefix="topo-spark-")
-    state_dir = cfg["spark.state_dir"] or str(Path(temp_dir) / "state")
-    Path(state_dir).mkdir(parents=True, exist_ok=True)
-    checkpoint = cfg["spark.checkpoint_dir"] or str(Path(temp_dir) / "checkpoint")
-    query = None
-    ticker = None
-    listener = None
-    sink = None
-    exporter = None
-    try:
-        core_num = int(cfg["spark.core_num"] or spark.sparkContext.defaultParallelism)
-        shuffle = cfg["spark.shuffle_partitions"] or (core_num if own_session else None)
-        if shuffle is not None:   # a session passed in keeps its own unless the config says
-            spark.conf.set("spark.sql.shuffle.partitions", str(shuffle))
-        if needs_tws(plans):
-            spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
-        spark.dataSource.register(OffsetDataSource)
-
-        controls: dict[str, SourceControl] = {}
-        stats: dict[str, SparkStats] = {}
-        frames: dict[str, Any] = {}
-        pending_opts: dict[str, dict[str, str]] = {}
-        for spec in topology.spouts:
-            spout = spec.instance()
-            source = spout.started_source()
-            partitions = source.num_partitions()
-            bound = spout.bound(source)
-            controller = make_controller(cfg["spark.rate_control"], interval_s, partitions,
-                                         initial_rate_per_partition=cfg["spark.initial_rate"],
-                                         min_rate=cfg["spark.min_rate"],
-                                         fixed_rate_per_partition=cfg["spark.max_rate_per_partition"])
-            sc = SourceControl(spec.id, controller, bound)
-            sc.done = bound is not None and sum(bound.values()) == 0
-            controls[spec.id] = sc
-            stats[spec.id] = SparkStats(topology.name, spec.id)
-            pending_opts[spec.id] = source_options(
-                spec.id, source, select_columns(source.columns, spout.columns), core_num=core_num,
-                interval_s=interval_s, state_dir=state_dir, bound=bound, max_rows=cfg["spark.max_rows_per_batch"])
-        feedback = RateFeedback(interval_s, controls, state_dir, stats)
-        if cfg["metrics.port"]:
-            from runtime.observe.prometheus import MetricsServer, make_registry
-
-            registry, _ = make_registry(lambda: [], lambda: list(stats.values()))
-            exporter = MetricsServer(registry, cfg["metrics.port"], cfg["metrics.host"])
-            exporter.start()
+        stats, options, feedback = _rate_control(topology, cfg, interval_s, core_num, state_dir)
+        _serve_metrics(stack, cfg, stats)
         feedback.submit(next_boundary(time.time(), interval_s))   # slow start caps before the first trigger
-        for cid, opts in pending_opts.items():
-            frames[cid] = spark.readStream.format(SOURCE_NAME).options(**opts).load()
+        frames = {cid: spark.readStream.format(SOURCE_NAME).options(**opts).load() for cid, opts in options.items()}
         result_df = build(spark, topology, plans, frames)
 
         streams = {(c, s): topology.components[c].outputs[s] for c, ss in terminal_streams(topology).items()
                    for s in ss}
         sink = open_sink(cfg["spark.sink"], streams)
-        query_ids: dict[str, str] = {}
-
-        def write_batch(batch_df: Any, batch_id: int) -> None:
-            table = batch_df.toArrow()
-            rows: dict[tuple[str, str], list[list[Any]]] = {k: [] for k in streams}
-            if table.num_rows:
-                cols = table.to_pydict()
-                for src, stream, v in zip(cols["src"], cols["stream"], cols["v"]):
-                    rows[(src, stream)].append(msgpack.unpackb(v, raw=False))
-            if "id" not in query_ids:
-                query_ids["id"] = _read_query_id(checkpoint)
-            sink.write_batch(query_ids["id"], batch_id, rows)
-
-        name = f"{topology.name}-{uuid.uuid4().hex[:8]}"
-        listener = make_listener(feedback, name)
-        spark.streams.addListener(listener)
-        started = feedback.origin = time.time()
-        query = (result_df.writeStream.queryName(name).foreachBatch(write_batch)
-                 .trigger(processingTime=f"{int(round(interval_s * 1000))} milliseconds")
-                 .option("checkpointLocation", checkpoint).start())
-        ticker = SubmissionTicker(feedback, interval_s)
-        ticker.start()
+        stack.callback(sink.close)
+        writer = _BatchWriter(sink, streams, checkpoint)
+        started, query = _start_query(stack, spark, result_df, f"{topology.name}-{uuid.uuid4().hex[:8]}",
+                                      feedback, writer, interval_s, checkpoint)
         reason = _wait(query, feedback, started, duration, max_tuples, handle_signals)
         elapsed = time.time() - started
         return SparkRunResult(reason, list(feedback.batches), list(stats.values()), feedback.input_rows, elapsed,
-                              cfg["spark.rate_control"], query_ids.get("id", ""),
+                              cfg["spark.rate_control"], writer.query_id,
                               checkpoint if cfg["spark.checkpoint_dir"] else "", cfg["spark.sink"])
-    finally:
-        if ticker is not None:
-            ticker.stop()
-        if query is not None:
-            try:
-                query.stop()
-            except Exception:  # pragma: no cover - stopping a failed query
-                pass
-        if listener is not None:
-            spark.streams.removeListener(listener)
-        if sink is not None:
-            sink.close()
-        if exporter is not None:
-            exporter.stop()
-        if own_session:
-            spark.stop()
-        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _temp_dir(stack: contextlib.ExitStack) -> str:
+    """The run's scratch directory (default checkpoint and rate files), removed at the end."""
+    temp_dir = tempfile.mkdtemp(prefix="topo-spark-")
+    stack.callback(shutil.rmtree, temp_dir, ignore_errors=True)
+    return temp_dir
+
+
+def _session(stack: contextlib.ExitStack, spark: Any, master: str | None,
+             cfg: Mapping[str, Any]) -> tuple[Any, bool]:
+    """The session passed in (left running), or one the engine starts (stopped at the end)."""
+    if spark is not None:
+        return spark, False
+    from runtime.spark.session import get_session
+
+    spark = get_session(master or cfg["spark.master"], shuffle_partitions=cfg["spark.shuffle_partitions"])
+    stack.callback(spark.stop)
+    return spark, True
+
+
+def _configure(spark: Any, cfg: Mapping[str, Any], plans: dict[str, Any], own_session: bool) -> int:
+    """Shuffle partitions, the state store, the data source; returns ``core_num``."""
+    core_num = int(cfg["spark.core_num"] or spark.sparkContext.defaultParallelism)
+    shuffle = cfg["spark.shuffle_partitions"] or (core_num if own_session else None)
+    if shuffle is not None:   # a session passed in keeps its own unless the config says
+        spark.conf.set("spark.sql.shuffle.partitions", str(shuffle))
+    if needs_tws(plans):
+        spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
+    spark.dataSource.register(OffsetDataSource)
+    return core_num
+
+
+def _rate_control(topology: Topology, cfg: Mapping[str, Any], interval_s: float, core_num: int,
+                  state_dir: str) -> tuple[dict[str, SparkStats], dict[str, dict[str, str]], RateFeedback]:
+    """One rate controller, stats record and set of source options per spout, and the
+    feedback loop over them: (stats, source options, feedback), keyed by spout id."""
+    controls: dict[str, SourceControl] = {}
+    stats: dict[str, SparkStats] = {}
+    options: dict[str, dict[str, str]] = {}
+    for spec in topology.spouts:
+        spout = spec.instance()
+        source = spout.started_source()
+        partitions = source.num_partitions()
+        bound = spout.bound(source)
+        controller = make_controller(cfg["spark.rate_control"], interval_s, partitions,
+                                     initial_rate_per_partition=cfg["spark.initial_rate"],
+                                     min_rate=cfg["spark.min_rate"],
+                                     fixed_rate_per_partition=cfg["spark.max_rate_per_partition"])
+        sc = SourceControl(spec.id, controller, bound)
+        sc.done = bound is not None and sum(bound.values()) == 0
+        controls[spec.id] = sc
+        stats[spec.id] = SparkStats(topology.name, spec.id)
+        options[spec.id] = source_options(
+            spec.id, source, select_columns(source.columns, spout.columns), core_num=core_num,
+            interval_s=interval_s, state_dir=state_dir, bound=bound, max_rows=cfg["spark.max_rows_per_batch"])
+    return stats, options, RateFeedback(interval_s, controls, state_dir, stats)
+
+
+def _serve_metrics(stack: contextlib.ExitStack, cfg: Mapping[str, Any], stats: Mapping[str, SparkStats]) -> None:
+    """With ``metrics.port`` set, serve the per-source ``topo_spark_*`` metrics until the end."""
+    if not cfg["metrics.port"]:
+        return
+    from runtime.observe.prometheus import MetricsServer, make_registry
+
+    registry, _ = make_registry(lambda: [], lambda: list(stats.values()))
+    exporter = MetricsServer(registry, cfg["metrics.port"], cfg["metrics.host"])
+    exporter.start()
+    stack.callback(exporter.stop)
+
+
+class _BatchWriter:
+    """The ``foreachBatch`` function: a micro-batch's terminal tuples to the database sink,
+    under the query's id (read from the checkpoint on the first batch)."""
+
+    def __init__(self, sink: BatchSink, streams: Mapping[tuple[str, str], Sequence[str]], checkpoint: str) -> None:
+        self.sink = sink
+        self.streams = streams
+        self.checkpoint = checkpoint
+        self.query_id = ""
+
+    def write_batch(self, batch_df: Any, batch_id: int) -> None:
+        table = batch_df.toArrow()
+        rows: dict[tuple[str, str], list[list[Any]]] = {k: [] for k in self.streams}
+        if table.num_rows:
+            cols = table.to_pydict()
+            for src, stream, v in zip(cols["src"], cols["stream"], cols["v"]):
+                rows[(src, stream)].append(msgpack.unpackb(v, raw=False))
+        if not self.query_id:
+            self.query_id = _read_query_id(self.checkpoint)
+        self.sink.write_batch(self.query_id, batch_id, rows)
+
+
+def _start_query(stack: contextlib.ExitStack, spark: Any, result_df: Any, name: str, feedback: RateFeedback,
+                 writer: _BatchWriter, interval_s: float, checkpoint: str) -> tuple[float, Any]:
+    """Listener, streaming query and submission ticker, each stopped at the end;
+    returns (start time, query)."""
+    listener = make_listener(feedback, name)
+    stack.callback(spark.streams.removeListener, listener)
+    spark.streams.addListener(listener)
+    started = feedback.origin = time.time()
+    query = (result_df.writeStream.queryName(name).foreachBatch(writer.write_batch)
+             .trigger(processingTime=f"{int(round(interval_s * 1000))} milliseconds")
+             .option("checkpointLocation", checkpoint).start())
+    stack.callback(_stop_query, query)
+    ticker = SubmissionTicker(feedback, interval_s)
+    stack.callback(ticker.stop)
+    ticker.start()
+    return started, query
+
+
+def _stop_query(query: Any) -> None:
+    try:
+        query.stop()
+    except Exception:  # pragma: no cover - stopping a failed query
+        pass
 
 
 def _wait(query: Any, feedback: RateFeedback, started: float, duration: float | None,

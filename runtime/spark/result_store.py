@@ -1,4 +1,6 @@
-"""Database sinks for the Spark engine's terminal streams, idempotent by batch.
+"""The Spark engine's result store: its terminal streams written to a database,
+idempotent by batch. (The sink *bolts* a topology contains are ``topo.sinks``; this
+is where the Spark engine itself puts what no bolt reads.)
 
 Every micro-batch's terminal tuples (declared streams that no bolt reads) are written
 in **one transaction together with a marker row** ``(query_id, batch_id)`` in
