@@ -60,14 +60,32 @@ def test_table_rows_per_component_and_task() -> None:
     ]
     text = _text(render_table(records, "topology 't'"))
     header = next(line for line in text.splitlines() if "component" in line)
-    for column in ("task", "rate (limit / observed)", "queue (L low, H high)", "backpressure", "acked", "failed"):
+    for column in ("task", "rate (limit / emit / processed)", "queue (L low, H high)", "backpressure", "acked",
+                   "failed"):
         assert column in header
     src = next(line for line in text.splitlines() if "src" in line)
-    assert "1.2k/s / 2.5k/s" in src and "ok k=1" in src and "11.5k" in src
+    assert "1.2k/s / 2.5k/s / -" in src and "ok k=1" in src and "11.5k" in src
     work = next(line for line in text.splitlines() if "work" in line)
     assert "2 tasks" in work and "BP k=2" in work and "1.7k" in work and "60.0MB" in work
     task3 = next(line for line in text.splitlines() if re.search(r"│\s+│ 3\s", line))
     assert "100.0KB" in task3 and "ok k=0" in task3
+
+
+def test_the_bottleneck_is_named_with_whom_it_throttles_and_its_processed_rate() -> None:
+    records = [
+        _record("src", 1, spout=True, emitted=50_000, observed_rate=1000.0, rate=1000.0, k=2, backpressure=True),
+        _record("slow", 2, queue_bytes=60_000_000, processed_rate=980.0, upstream=[1]),
+        _record("sink", 3, queue_bytes=0, processed_rate=980.0, upstream=[2]),
+    ]
+    text = _text(render_table(records, "topology 't'"), width=180)
+    slow = next(line for line in text.splitlines() if "slow" in line)
+    assert "OVER H -> src:1" in slow and "980/s" in slow        # the slow task, not only the spout
+    src = next(line for line in text.splitlines() if "src" in line)
+    assert "BP k=2" in src
+    sink = next(line for line in text.splitlines() if "sink" in line)
+    assert "OVER" not in sink
+    line = summary_line(records, 1.0)
+    assert line.endswith("| bottleneck slow:2 (980/s processed) throttling src:1")
 
 
 def test_queue_bar_draws_the_marks() -> None:
@@ -135,7 +153,7 @@ def _run_in_pty(argv: list[str], cwd: Path, timeout: float = 60.0) -> tuple[int,
 def test_live_table_under_a_terminal(tmp_path: Path) -> None:
     code, screen = _run_in_pty(_topo_cmd(tmp_path, "--duration", "2.5"), tmp_path)
     assert code == 0, screen[-3000:]
-    assert re.search(r"┃ component\s+┃ task\s+┃ rate \(limit / observed\)\s+┃ queue", screen), screen[-3000:]
+    assert re.search(r"┃ component\s+┃ task\s+┃ rate \(limit / emit / processed\)\s+┃ queue", screen), screen[-3000:]
     assert re.search(r"│ sentences\s+│ 1\s+│ - / [\d.]+k?/s", screen)
     assert re.search(r"│ split\s+│ 2 tasks\s+│", screen)
     assert screen.count("┃ component") >= 2  # redrawn, not printed once

@@ -26,6 +26,11 @@ class EmitError(ValueError):
     """
 
 
+class ComponentError(RuntimeError):
+    """A component's own code made the run stop: ``open``/``prepare`` raised, or a spout's
+    ``next_tuple`` kept raising. The message is one line naming the component and task."""
+
+
 class TupleEncodingError(EmitError, TypeError):
     """An emitted value has no msgpack encoding (the wire format between tasks)."""
 
@@ -285,6 +290,13 @@ class Bolt(Component):
     # Storm's tick tuples: when set, ``tick()`` is called about this often from the
     # task's own loop (between tuples, never concurrently with ``execute``).
     tick_interval_s: float | None = None
+    # An ``async`` (or blocking) execute running longer than this is cancelled and its
+    # tuple failed; None takes the ``execute_timeout_s`` setting. A plain synchronous
+    # execute cannot be cancelled: one that may block (I/O, sleeps) sets ``blocking``.
+    execute_timeout_s: float | None = None
+    # Run ``execute`` on a worker thread of this task, one tuple at a time, so a call
+    # that blocks stops neither the other tasks nor signals, and can time out.
+    blocking: bool = False
 
     def prepare(self, context: TaskContext, collector: OutputCollector) -> None:
         self.collector = collector

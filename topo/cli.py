@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from topo import EngineUnavailable
-from topo.api import EmitError
+from topo.api import ComponentError, EmitError
 from topo.config import ConfigError, coerce, parse_override
 from topo.spec import SpecError, TopologySpec, config_problem, load_spec
 
@@ -234,9 +234,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except EngineUnavailable as e:
         print(f"topo {args.command}: {e}", file=sys.stderr)
         return 1
-    except EmitError as e:
-        # A component emitted what the wire cannot carry: the message names component,
-        # stream and field; the engine has already stopped and cleaned up.
+    except (EmitError, ComponentError) as e:
+        # A component emitted what the wire cannot carry, or its open/prepare/next_tuple
+        # failed for good: the message names the component; the engine has cleaned up.
         print(f"topo {args.command}: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

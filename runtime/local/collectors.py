@@ -120,7 +120,7 @@ class BoltCollector:
     """The collector a bolt emits, acks and fails through (``OutputCollector``)."""
 
     __slots__ = ("_outbox", "_acker", "_stats", "_name", "_auto_anchor", "_getrandbits",
-                 "emit", "emitted", "current")
+                 "emit", "emitted", "current", "on_loop")
 
     def __init__(self, outbox: Outbox, *, acker: Acker | None, stats: TaskStats, auto_anchor: bool,
                  getrandbits: Callable[[int], int]) -> None:
@@ -132,6 +132,10 @@ class BoltCollector:
         self._getrandbits = getrandbits
         self.emitted = 0
         self.current: Tuple | None = None  # the input being executed (auto-anchoring)
+        # For a blocking bolt (execute on a worker thread): runs an ack/fail on the event
+        # loop's thread, where the acker's ledger lives. Emits need no such care: they only
+        # fill this task's own lanes, which its task does not touch while it awaits execute.
+        self.on_loop: Callable[..., None] | None = None
         # emit(values, stream="default", anchors=None), bound per task like the spout's.
         self.emit = (untracked_emit(outbox, self, None) if acker is None
                      else self._auto_anchored_emit())
@@ -182,6 +186,11 @@ class BoltCollector:
             self._outbox.untracked[stream](values, 0.0)
 
     def ack(self, tup: Tuple) -> None:
+        if self.on_loop is not None:
+            return self.on_loop(self._ack, tup)
+        self._ack(tup)
+
+    def _ack(self, tup: Tuple) -> None:
         self._stats.acked += 1
         self.ack_silently(tup)
 
@@ -192,6 +201,11 @@ class BoltCollector:
             self._acker.ack(anchors, tup.ackcell[0])
 
     def fail(self, tup: Tuple, reason: str = "") -> None:
+        if self.on_loop is not None:
+            return self.on_loop(self._fail, tup, reason)
+        self._fail(tup, reason)
+
+    def _fail(self, tup: Tuple, reason: str = "") -> None:
         self._stats.failed += 1
         acker = self._acker
         if acker is not None and tup.anchors:

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Protocol, Sequence
 
-from topo.api import Bolt, FieldIndex, Spout, TaskContext
+from topo.api import Bolt, ComponentError, FieldIndex, Spout, TaskContext
 from topo.config import ResolvedConfig, resolve
 from topo.topology import Topology
 from backpressure.seams import FlowControl
@@ -45,10 +45,18 @@ class Service(Protocol):
     async def stop(self) -> None: ...
 
 
-@dataclass
+@dataclass(repr=False)
 class RunResult:
     stats: list[TaskStats]
     reason: str  # "exhausted" | "duration" | "max_tuples" | "signal" | "stopped"
+
+    def __repr__(self) -> str:
+        """One line per component: what a user wants to see after ``print(run(...))``."""
+        lines = [f"RunResult({self.reason}):"]
+        for comp, t in self.component_totals().items():
+            parts = [f"emitted={t['emitted']}"] + [f"{k}={v}" for k, v in t.items() if k != "emitted" and v]
+            lines.append(f"  {comp}: " + " ".join(parts))
+        return "\n".join(lines)
 
     def component_totals(self) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {}
@@ -114,7 +122,8 @@ class LocalEngine:
                     upstream_task_ids=upstream,
                     stats=TaskStats(topo.name, c.id, tid, c.kind == "spout",
                                     high_mark=cfg["queue.high_mark"], low_mark=cfg["queue.low_mark"],
-                                    hard_bound=cfg["queue.hard_bound"] if c.kind == "bolt" else 0),
+                                    hard_bound=cfg["queue.hard_bound"] if c.kind == "bolt" else 0,
+                                    upstream=tuple(upstream)),
                     rng=random.Random(self.seed * 1_000_003 + tid if self.seed is not None else None),
                     run=self.run_state, acker=self.acker, dead_letters=self.dead_letters,
                     flow_poll=self.flow.poll)
@@ -176,7 +185,11 @@ class LocalEngine:
                 t.sample(now)
                 s = t.stats
                 s.busy_ns = max(0, wall - s.idle_ns - s.backpressured_ns)
+            perf_now = time.perf_counter()
+            for t in self.tasks:
+                t.failures.flush()
             for b in self.bolt_tasks:
+                b.check_overrun(perf_now)
                 b.stats.queue_bytes = b.queue.bytes
                 b.stats.queue_tuples = b.queue.count
                 if b.tick_interval_s and now - b.last_tick >= b.tick_interval_s:
@@ -197,10 +210,7 @@ class LocalEngine:
         run.stop_event = asyncio.Event()
         if run.stopping:
             run.stop_event.set()
-        for st in self.spout_tasks:
-            st.spout.open(st.context, st.collector)
-        for bt in self.bolt_tasks:
-            bt.bolt.prepare(bt.context, bt.collector)
+        self._open_components()
         await self.flow.start(self.tasks)
         started_services: list[Service] = []
         for s in self.services:
@@ -227,19 +237,44 @@ class LocalEngine:
             for s in reversed(started_services):
                 await s.stop()
             await self.flow.stop()
-            for t in self.tasks:
-                try:
-                    if isinstance(t, SpoutTask):
-                        t.spout.close()
-                    else:
-                        t.bolt.cleanup()
-                except Exception:
-                    log.exception("%s (task %d) close/cleanup raised", t.component, t.task_id)
+            self._close_components(self.tasks)
             self.dead_letters.close()
             now = time.monotonic()
             for t in self.tasks:
                 t.sample(now)
         return RunResult(self.stats, self.stop_reason or "exhausted")
+
+    def _open_components(self) -> None:
+        """``open`` every spout and ``prepare`` every bolt; if one raises, close what was
+        opened and stop with one line naming the component."""
+        opened: list[SpoutTask | BoltTask] = []
+        for t in [*self.spout_tasks, *self.bolt_tasks]:
+            try:
+                if isinstance(t, SpoutTask):
+                    t.spout.open(t.context, t.collector)
+                else:
+                    t.bolt.prepare(t.context, t.collector)
+            except Exception as exc:
+                log.debug("%s (task %d) failed to start", t.component, t.task_id, exc_info=exc)
+                self._close_components(opened)
+                self.dead_letters.close()
+                verb = "open" if isinstance(t, SpoutTask) else "prepare"
+                raise ComponentError(f"{'spout' if t.is_spout else 'bolt'} {t.component!r} (task {t.task_id}): "
+                                     f"{verb} raised {type(exc).__name__}: {exc}"[:400]) from exc
+            opened.append(t)
+
+    @staticmethod
+    def _close_components(tasks: Sequence[SpoutTask | BoltTask]) -> None:
+        for t in tasks:
+            try:
+                if isinstance(t, SpoutTask):
+                    t.spout.close()
+                else:
+                    t.close_thread()
+                    t.bolt.cleanup()
+            except Exception:
+                log.exception("%s (task %d) close/cleanup raised", t.component, t.task_id)
+            t.failures.flush(force=True)
 
     def _on_signal(self) -> None:
         if self.stopping:
@@ -263,9 +298,12 @@ class LocalEngine:
         finally:
             stop_wait.cancel()
         # Drain: spouts finish their in-flight trees, bolts empty their queues. A topology
-        # whose spouts ended by themselves finishes all its work; a stopped one gets
-        # drain_timeout_s before what is left is failed back.
-        self.drain_deadline = (time.monotonic() + self.config["drain_timeout_s"]) if self.stopping else float("inf")
+        # whose spouts ended by themselves finishes all its work unless a stop is requested
+        # meanwhile (--duration, a signal, request_stop): from the moment of any stop
+        # request it gets drain_timeout_s before what is left is failed back.
+        drain_timeout = self.config["drain_timeout_s"]
+        if self.stopping:
+            self.drain_deadline = min(self.drain_deadline, time.monotonic() + drain_timeout)
         while time.monotonic() < self.drain_deadline:
             for t in spouts + bolts:
                 if t.done() and not t.cancelled() and t.exception() is not None:
@@ -273,7 +311,13 @@ class LocalEngine:
             if all(t.done() for t in spouts) and self._quiescent():
                 break
             await asyncio.sleep(0.005)
+            if self.stopping and self.drain_deadline == float("inf"):
+                self.drain_deadline = time.monotonic() + drain_timeout
         else:
+            left = sum(b.queue.count for b in self.bolt_tasks)
+            if left:
+                log.warning("drain timeout: %d tuples still queued%s", left,
+                            "" if self.acker is not None else " are dropped (acking is off: nothing replays them)")
             if self.acker is not None and len(self.acker):
                 n = self.acker.fail_all("drain timeout")
                 log.warning("drain timeout: %d tuple trees failed back to their spouts", n)

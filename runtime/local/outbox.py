@@ -216,8 +216,36 @@ class Outbox:
             batch = lane.batch
             if batch:
                 lane.batch = []
-                waited += await queues[lane.target].put(batch, self.batch_bytes(batch))
+                queue = queues[lane.target]
+                nbytes = self.batch_bytes(batch)
+                if nbytes <= queue.hard_bound:
+                    waited += await queue.put(batch, nbytes)
+                else:
+                    for piece, piece_bytes in self._split(batch, queue.hard_bound):
+                        waited += await queue.put(piece, piece_bytes)
         return waited
+
+    def _split(self, batch: list[Tuple], bound: int) -> list[tuple[list[Tuple], int]]:
+        """A batch larger than the target's hard bound, cut into pieces that each fit it.
+
+        A queue admits a piece into any room it has and a whole piece into an empty
+        queue, so with pieces no larger than the bound a queue's bytes never pass it;
+        a single tuple larger than the bound travels alone and enters only an empty
+        queue, so the bound is then exceeded by less than that one tuple.
+        """
+        pieces: list[tuple[list[Tuple], int]] = []
+        piece: list[Tuple] = []
+        piece_bytes = 0
+        for t in batch:
+            n = self.size_of(t.values, t.origin.stream)
+            if piece and piece_bytes + n > bound:
+                pieces.append((piece, piece_bytes))
+                piece, piece_bytes = [], 0
+            piece.append(t)
+            piece_bytes += n
+        if piece:
+            pieces.append((piece, piece_bytes))
+        return pieces
 
 
 def _array_header_len(n: int) -> int:

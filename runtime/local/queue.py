@@ -2,9 +2,10 @@
 
 Items are transfer batches (a list of tuples and their total wire size). ``put``
 waits while the queue holds bytes and the batch would take it past the hard
-bound; nothing is ever dropped. A batch larger than the whole bound still enters
-an empty queue, so one oversized batch cannot deadlock a producer; the overshoot
-is then at most one batch (``batch.size`` tuples).
+bound; nothing is ever dropped. The outbox never puts a batch larger than the
+bound (it cuts one into pieces that fit), except a single tuple larger than the
+bound, which enters an empty queue alone so it cannot deadlock its producer: a
+queue's bytes exceed its hard bound by less than one tuple, never more.
 """
 from __future__ import annotations
 

@@ -18,6 +18,7 @@ import asyncio
 import inspect
 import logging
 import random
+import threading
 import time
 import types
 from bisect import bisect_left
@@ -26,10 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from backpressure.seams import Direction, FlowDisplay
-from topo.api import Bolt, EmitError, EndOfStream, Spout, TaskContext, Tuple
+from topo.api import Bolt, ComponentError, EmitError, EndOfStream, Spout, TaskContext, Tuple
 from runtime.local.acker import Acker
+from runtime.local.blocking import BlockingRunner
 from runtime.local.collectors import BoltCollector, Pending, SpoutCollector
 from runtime.local.deadletter import DeadLetterWriter
+from runtime.local.failures import FailureLog
 from runtime.local.outbox import Outbox
 from runtime.local.queue import ByteQueue
 from runtime.local.ratelimit import EwmaRate, RateLimiter
@@ -43,6 +46,11 @@ TICK_MARKER: list[Any] = [None]
 # Shortest wait worth a timer: below it the limiter's debt carries to the next call.
 _MIN_SLEEP_S = 0.001
 _SPOUT_IDLE_SLEEP_S = 0.001  # Storm's default sleep-spout wait strategy
+_SPOUT_ERROR_BACKOFF_MAX_S = 1.0
+
+
+class ExecuteTimeout(Exception):
+    """A bolt's execute ran past its ``execute_timeout_s`` and was cancelled (or abandoned)."""
 
 
 @dataclass
@@ -109,7 +117,13 @@ class _TaskBase:
         self.dead_letters = wiring.dead_letters
         self.limiter = RateLimiter()
         self.emit_meter = EwmaRate()      # observed emit rate (a meter; the limit is the limiter's)
+        self.executed_meter = EwmaRate()  # processed (executed) input tuples/s
         self.queue: ByteQueue | None = None
+        cfg = self.context.config
+        kind = "spout" if self.is_spout else "bolt"
+        self.failures = FailureLog(f"{kind} {self.component} (task {self.task_id})", log,
+                                   log_first=cfg.get("errors.log_first", 10),
+                                   interval_s=cfg.get("errors.log_interval_s", 10.0))
 
     # --- TaskHandle ---------------------------------------------------------
     def queue_bytes(self) -> int:
@@ -137,6 +151,7 @@ class _TaskBase:
     def sample(self, now: float) -> None:
         """Refresh the observed emit rate (the engine's sampler calls this periodically)."""
         self.stats.observed_rate = self.emit_meter.sample(self.stats.emitted, now)
+        self.stats.processed_rate = self.executed_meter.sample(self.stats.executed, now)
 
     # --- shared loop pieces ---------------------------------------------------
     async def _send(self, emitted: int) -> None:
@@ -170,7 +185,8 @@ class SpoutTask(_TaskBase):
                                         on_outcome=self.on_outcome, getrandbits=self.rng.getrandbits,
                                         untracked_acks=self.untracked_acks if listens else None)
         self.exhausted = False
-        self._errors_logged = 0
+        self.consecutive_errors = 0
+        self.max_consecutive_errors: int = self.context.config.get("spout.max_consecutive_errors", 1000)
         self.parked = False  # waiting in _wait_outcome
         self._wake = asyncio.Event()
 
@@ -282,12 +298,10 @@ class SpoutTask(_TaskBase):
             except EmitError:
                 raise
             except Exception as exc:
-                self._errors_logged += 1
-                if self._errors_logged <= 10 or self._errors_logged % 1000 == 0:
-                    log.error("spout %s (task %d) next_tuple raised (%d so far): %s: %s", self.component,
-                              self.task_id, self._errors_logged, type(exc).__name__, exc,
-                              exc_info=exc if self._errors_logged <= 3 else None)
+                await self._after_error(exc)
                 dry = True
+            else:
+                self.consecutive_errors = 0
             emitted = collector.emitted - before
             run.spout_emitted += emitted
             if emitted:
@@ -304,6 +318,20 @@ class SpoutTask(_TaskBase):
                 t0 = time.perf_counter_ns()
                 await asyncio.sleep(_SPOUT_IDLE_SLEEP_S)
                 stats.idle_ns += time.perf_counter_ns() - t0
+
+    async def _after_error(self, exc: Exception) -> None:
+        """``next_tuple`` raised: log it, back off (1 ms doubling to 1 s), give up after too many."""
+        self.consecutive_errors += 1
+        n = self.consecutive_errors
+        self.failures.record("next_tuple raised", exc)
+        if n >= self.max_consecutive_errors:
+            self.failures.flush(force=True)
+            raise ComponentError(
+                f"spout {self.component!r} (task {self.task_id}): next_tuple raised {n} times in a row "
+                f"(spout.max_consecutive_errors); last: {type(exc).__name__}: {exc}"[:400]) from exc
+        t0 = time.perf_counter_ns()
+        await asyncio.sleep(min(_SPOUT_ERROR_BACKOFF_MAX_S, _SPOUT_IDLE_SLEEP_S * 2 ** min(n, 20)))
+        self.stats.idle_ns += time.perf_counter_ns() - t0
 
     async def _wait_outcome(self) -> None:
         self._wake.clear()
@@ -333,25 +361,57 @@ class BoltTask(_TaskBase):
         self.tick_interval_s: float | None = getattr(bolt, "tick_interval_s", None)
         self.last_tick = time.monotonic()
         self._is_async = inspect.iscoroutinefunction(bolt.execute)
-        self._errors_logged = 0
+        self.blocking = bool(getattr(bolt, "blocking", False))
+        own_timeout = getattr(bolt, "execute_timeout_s", None)
+        self.execute_timeout_s: float = float(own_timeout if own_timeout is not None
+                                              else self.context.config.get("execute_timeout_s", 60.0))
+        self.executing_since = 0.0          # perf_counter() when a cancellable execute began; 0 = none
+        self._timed_out = False             # the watchdog cancelled the execute in progress
+        self._runner_task: asyncio.Task[Any] | None = None
+        self._thread: BlockingRunner | None = (BlockingRunner(f"{self.component}:{self.task_id}")
+                                               if self.blocking else None)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_ident = 0
+        if self.blocking:
+            self.collector.on_loop = self._call_on_loop
+
+    def _call_on_loop(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn`` on the event loop's thread (an ack or fail from a blocking execute)."""
+        if threading.get_ident() == self._loop_ident:
+            fn(*args)
+        else:
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(fn, *args)
 
     def _on_error(self, tup: Tuple, exc: BaseException) -> None:
         if isinstance(exc, EmitError):
             raise exc  # a programming error: stop the topology with the precise message
         reason = f"{self.component}:{self.task_id} raised {type(exc).__name__}: {exc}"
-        if self.acker is None or not tup.anchors:
-            self._errors_logged += 1
-            if self._errors_logged <= 10 or self._errors_logged % 1000 == 0:
-                log.error("bolt %s (task %d) failed a tuple (%d so far): %s", self.component,
-                          self.task_id, self._errors_logged, reason,
-                          exc_info=exc if self._errors_logged <= 3 else None)
+        self.failures.record("execute failed a tuple", exc)
         self.collector.fail(tup, reason)
+
+    def check_overrun(self, now: float) -> None:
+        """Watchdog (the engine's sampler): cancel an execute running past its timeout.
+
+        Only an ``async`` or blocking execute is cancellable; the cancellation lands in
+        the execute's own await and ``_execute_batch`` turns it into a failed tuple.
+        """
+        since = self.executing_since
+        if since and not self._timed_out and now - since > self.execute_timeout_s \
+                and self._runner_task is not None:
+            self._timed_out = True
+            self._runner_task.cancel()
+
+    def close_thread(self) -> None:
+        if self._thread is not None:
+            self._thread.close()
 
     async def _execute_batch(self, batch: list[Tuple]) -> None:
         """Execute each tuple; ack (auto_ack) or fail it. One tuple per batch is timed."""
         execute = self.bolt.execute
         collector = self.collector
         is_async = self._is_async
+        blocking = self._thread is not None
         ack = self.acker.ack if self.acker is not None else None
         auto_ack = self.auto_ack
         perf = time.perf_counter
@@ -361,10 +421,19 @@ class BoltTask(_TaskBase):
         for tup in batch:
             collector.current = tup
             try:
-                if is_async:
+                if blocking:
+                    self.executing_since = perf()
+                    await self._thread.run(execute, tup)  # type: ignore[union-attr]
+                elif is_async:
+                    self.executing_since = perf()
                     await execute(tup)
                 else:
                     execute(tup)
+            except asyncio.CancelledError:
+                if not self._timed_out:
+                    raise       # the run is stopping
+                self._overrun(tup)
+                continue
             except Exception as exc:
                 self._on_error(tup, exc)
             else:
@@ -373,12 +442,25 @@ class BoltTask(_TaskBase):
                     anchors = tup.anchors
                     if anchors and ack is not None:
                         ack(anchors, tup.ackcell[0])
+            finally:
+                self.executing_since = 0.0
             if first:
                 # Execute latency is sampled: the first tuple of every transfer batch.
                 self.stats.execute_latency.observe(perf() - t_first)
                 first = False
         collector.current = None
         self.stats.acked += ok
+
+    def _overrun(self, tup: Tuple) -> None:
+        """The watchdog cancelled this tuple's execute: fail it and go on."""
+        self._timed_out = False
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        if self._thread is not None:   # the stuck call keeps its thread: take a fresh one
+            self._thread.close()
+            self._thread = BlockingRunner(f"{self.component}:{self.task_id}")
+        self._on_error(tup, ExecuteTimeout(f"execute ran past execute_timeout_s={self.execute_timeout_s:g}"))
 
     async def _execute_batch_fast(self, batch: list[Tuple]) -> None:
         """The common case: sync execute, untracked; errors go to ``_on_error``."""
@@ -403,7 +485,10 @@ class BoltTask(_TaskBase):
 
     async def run(self) -> None:
         bolt, collector, stats, queue = self.bolt, self.collector, self.stats, self.queue
-        run_batch = (self._execute_batch_fast if not self._is_async and self.acker is None
+        self._runner_task = asyncio.current_task()
+        self._loop = asyncio.get_running_loop()
+        self._loop_ident = threading.get_ident()
+        run_batch = (self._execute_batch_fast if not self._is_async and not self.blocking and self.acker is None
                      else self._execute_batch)
         flow_poll = self.flow_poll
         while True:
@@ -423,8 +508,8 @@ class BoltTask(_TaskBase):
             if batch is TICK_MARKER:
                 try:
                     bolt.tick()
-                except Exception:
-                    log.exception("bolt %s (task %d) tick raised", self.component, self.task_id)
+                except Exception as exc:
+                    self.failures.record("tick raised", exc)
                 await self._send(collector.emitted - before)
                 continue
             await run_batch(batch)

@@ -47,11 +47,29 @@ def _bytes(n: float) -> str:
 
 
 def rate_text(record: Record) -> Text:
-    """``limit / observed`` emits per second; the limit reads ``-`` when the limiter is off."""
+    """``limit / emitted / processed`` per second; the limit reads ``-`` when the limiter is off,
+    processed reads ``-`` for a spout (it executes nothing)."""
     limit = record.get("rate")
     text = Text("-" if limit is None else f"{_si(limit)}/s", style="dim" if limit is None else "yellow")
     text.append(f" / {_si(record.get('observed_rate') or 0.0)}/s")
+    text.append(" / -" if record.get("spout") else f" / {_si(record.get('processed_rate') or 0.0)}/s")
     return text
+
+
+def over_high_mark(record: Record) -> bool:
+    """A bolt task whose queue is at or over its high mark: a bottleneck right now."""
+    return not record.get("spout") and bool(record.get("high_mark")) and \
+        record.get("queue_bytes", 0) >= record["high_mark"]
+
+
+def throttled_by(record: Record, by_task: dict[Any, Record]) -> list[Record]:
+    """The tasks an overloaded task is holding down: its direct upstreams under a limit
+    (stepwise), or else the spouts under a limit (source_stop and watermark stop spouts)."""
+    ups = [by_task[u] for u in record.get("upstream") or () if u in by_task]
+    held = [u for u in ups if u.get("backpressure")]
+    if held:
+        return held
+    return [r for r in by_task.values() if r.get("spout") and r.get("backpressure")]
 
 
 def queue_bar(record: Record, width: int = BAR_WIDTH) -> Text:
@@ -77,11 +95,21 @@ def queue_bar(record: Record, width: int = BAR_WIDTH) -> Text:
     return bar
 
 
-def backpressure_text(record: Record) -> Text:
+def backpressure_text(record: Record, by_task: dict[Any, Record] | None = None) -> Text:
+    """``BP k=..`` for a task being throttled; ``OVER H`` (and whom it throttles) for a
+    task whose queue is over its high mark: the bottleneck, which is not itself limited."""
     k = record.get("k", 0)
     if record.get("backpressure"):
-        return Text(f"BP k={k}", style="bold red")
-    return Text(f"ok k={k}", style="yellow" if k else "green")
+        text = Text(f"BP k={k}", style="bold red")
+    else:
+        text = Text(f"ok k={k}", style="yellow" if k else "green")
+    if over_high_mark(record):
+        text = Text("OVER H", style="bold red") if not record.get("backpressure") else text + Text(" OVER H")
+        held = throttled_by(record, by_task or {})
+        if held:
+            text.append(" -> " + ", ".join(f"{r['component']}:{r['task']}" for r in held[:3])
+                        + (" ..." if len(held) > 3 else ""), style="red")
+    return text
 
 
 def by_component(records: Iterable[Record]) -> dict[str, list[Record]]:
@@ -99,6 +127,8 @@ def _total(records: Sequence[Record]) -> Record:
         **fullest,
         "task": f"{len(records)} tasks" if len(records) > 1 else records[0]["task"],
         "observed_rate": sum(r.get("observed_rate") or 0.0 for r in records),
+        "processed_rate": sum(r.get("processed_rate") or 0.0 for r in records),
+        "upstream": sorted({u for r in records for u in r.get("upstream") or ()}),
         "rate": sum(limits) if limits else None,
         "k": max(r.get("k", 0) for r in records),
         "backpressure": any(r.get("backpressure") for r in records),
@@ -106,7 +136,7 @@ def _total(records: Sequence[Record]) -> Record:
     }
 
 
-COLUMNS = ("component", "task", "rate (limit / observed)", "queue (L low, H high)", "backpressure",
+COLUMNS = ("component", "task", "rate (limit / emit / processed)", "queue (L low, H high)", "backpressure",
            "emitted", "acked", "failed")
 
 
@@ -116,11 +146,12 @@ def render_table(records: Sequence[Record], title: str = "") -> Table:
     for name in COLUMNS:
         table.add_column(name, justify="right" if name in ("emitted", "acked", "failed") else "left",
                          no_wrap=True)
+    by_task = {r["task"]: r for r in records}
     for component, rows in by_component(records).items():
         groups = [(_total(rows), component)] + ([(r, "") for r in rows] if len(rows) > 1 else [])
         for record, label in groups:
             table.add_row(label, str(record["task"]), rate_text(record), queue_bar(record),
-                          backpressure_text(record), _si(record.get("emitted", 0)),
+                          backpressure_text(record, by_task), _si(record.get("emitted", 0)),
                           _si(record.get("acked", 0)),
                           Text(_si(record.get("failed", 0)), style="red" if record.get("failed") else ""),
                           style="bold" if label else "dim")
@@ -157,6 +188,15 @@ def summary_line(records: Sequence[Record], elapsed: float, duration: float | No
         parts.append(f"fullest queue {fullest['component']}:{fullest['task']} "
                      f"{_bytes(fullest.get('queue_bytes', 0))}/{_bytes(fullest.get('high_mark', 0))}")
     parts.append(f"backpressure {len(pressed)} task(s), max k={max((r.get('k', 0) for r in records), default=0)}")
+    over = [r for r in bolts if over_high_mark(r)]
+    if over:
+        by_task = {r["task"]: r for r in records}
+        worst = max(over, key=lambda r: r.get("queue_bytes", 0) / (r.get("high_mark") or 1))
+        held = throttled_by(worst, by_task)
+        parts.append(f"bottleneck {worst['component']}:{worst['task']} "
+                     f"({_si(worst.get('processed_rate') or 0.0)}/s processed)"
+                     + (" throttling " + ", ".join(f"{r['component']}:{r['task']}" for r in held[:3])
+                        if held else ""))
     bounded = progress(records, elapsed, duration, max_tuples)
     if bounded:
         parts.append(f"{bounded[0]:.0%} done")

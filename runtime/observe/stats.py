@@ -70,6 +70,8 @@ class TaskStats:
     hard_bound: int = 0
     rate_limit: float | None = None      # tuples/s; None = limiter off (written by the task only)
     observed_rate: float = 0.0           # EWMA of emits/s
+    processed_rate: float = 0.0          # EWMA of executed input tuples/s (bolts)
+    upstream: tuple[int, ...] = ()       # direct upstream task ids (who this task can throttle)
     originv: float | None = None         # rate before the first backpressure step
     k: int = 0                           # backpressure step count
     backpressure: bool = False           # backpressure flag (document 000)
@@ -102,5 +104,6 @@ class TaskStats:
             "dead_lettered": self.dead_lettered, "queue_bytes": self.queue_bytes,
             "queue_tuples": self.queue_tuples, "high_mark": self.high_mark, "low_mark": self.low_mark,
             "hard_bound": self.hard_bound, "rate": self.rate_limit, "observed_rate": self.observed_rate,
+            "processed_rate": self.processed_rate, "upstream": list(self.upstream),
             "originv": self.originv, "k": self.k, "backpressure": self.backpressure,
         }
