@@ -12,8 +12,15 @@ Two kinds of record travel through a coordinator:
   ``originv``, step count ``k``, backpressure flag, queue bytes and marks (what
   ``topo status`` shows), plus the bookkeeping that lets every other task
   reconcile: ``holds`` (steps this task holds on each of its upstreams, as of its
-  signal ``seq``) and ``applied`` (the newest signal ``seq`` it applied from each
-  of its downstreams: the acknowledgement that ends a "mid-step").
+  signal ``seq``) and ``applied`` (the newest signal ``(run, seq)`` it applied from
+  each of its downstreams: the acknowledgement that ends a "mid-step"), ``granted``
+  (the steps each downstream really holds on it, which may be fewer than asked),
+  and when it last stepped down and for whom (``step_age``, ``stepped_by``).
+
+Sequence numbers are ``(run, seq)`` pairs: ``run`` is a random id drawn when a
+process starts and ``seq`` a counter within it, so ordering never depends on a
+clock (a restarted process whose clock went back is still newer, because its run
+is new). The same run id is the first half of a state's ``version``.
 
 Decoding is bounded: a payload longer than ``MAX_PAYLOAD`` bytes, or one whose
 containers exceed small limits, or whose fields have the wrong types, raises
@@ -49,10 +56,11 @@ class Signal:
     k: int
     seq: int
     ts: float
+    run: int = 0            # the sender's run id: seq counts within it
 
     def encode(self) -> bytes:
         return msgpack.packb({"signal": self.kind, "target": self.target, "source": self.source,
-                              "k": self.k, "seq": self.seq, "ts": self.ts})
+                              "k": self.k, "seq": self.seq, "ts": self.ts, "run": self.run})
 
     @classmethod
     def decode(cls, data: bytes) -> "Signal":
@@ -63,8 +71,9 @@ class Signal:
         k = _field(m, "k", int)
         if k < 0:
             raise SignalError("negative step count")
+        run = _field(m, "run", int) if "run" in m else 0
         return cls(kind, _field(m, "target", int), _field(m, "source", int), k,
-                   _field(m, "seq", int), float(_field(m, "ts", (int, float))))
+                   _field(m, "seq", int), float(_field(m, "ts", (int, float))), run)
 
 
 @dataclass(slots=True)
@@ -83,10 +92,13 @@ class TaskState:
     high_mark: int = 0
     low_mark: int = 0
     observed_rate: float = 0.0
-    holds: dict[int, int] = field(default_factory=dict)    # upstream -> steps held on it
+    holds: dict[int, int] = field(default_factory=dict)    # upstream -> steps asked of it
     seq: int = 0                                            # newest signal seq this task sent
-    applied: dict[int, int] = field(default_factory=dict)  # downstream -> newest seq applied
-    version: tuple[int, int] = (0, 0)                       # (process epoch, publish counter)
+    applied: dict[int, tuple[int, int]] = field(default_factory=dict)  # downstream -> newest (run, seq) applied
+    granted: dict[int, int] = field(default_factory=dict)  # downstream -> steps it holds here
+    step_age: float | None = None                           # seconds since the last step down (at publish)
+    stepped_by: int = -1                                    # the downstream that asked for it (-1: none)
+    version: tuple[int, int] = (0, 0)                       # (run id of the publisher, publish counter)
     ts: float = 0.0                                         # wall clock of the publish
 
     def encode(self) -> bytes:
@@ -96,7 +108,9 @@ class TaskState:
             "backpressure": self.backpressure, "at_floor": self.at_floor,
             "queue_bytes": self.queue_bytes, "high_mark": self.high_mark, "low_mark": self.low_mark,
             "observed_rate": self.observed_rate, "holds": self.holds, "seq": self.seq,
-            "applied": self.applied, "version": list(self.version), "ts": self.ts,
+            "applied": {t: list(a) for t, a in self.applied.items()}, "granted": self.granted,
+            "step_age": self.step_age, "stepped_by": self.stepped_by,
+            "version": list(self.version), "ts": self.ts,
         })
 
     @classmethod
@@ -112,8 +126,9 @@ class TaskState:
             at_floor=_field(m, "at_floor", bool), queue_bytes=_field(m, "queue_bytes", int),
             high_mark=_field(m, "high_mark", int), low_mark=_field(m, "low_mark", int),
             observed_rate=float(_field(m, "observed_rate", (int, float))),
-            holds=_int_map(m, "holds"), seq=_field(m, "seq", int), applied=_int_map(m, "applied"),
-            version=(version[0], version[1]), ts=float(_field(m, "ts", (int, float))),
+            holds=_int_map(m, "holds"), seq=_field(m, "seq", int), applied=_pair_map(m, "applied"),
+            granted=_int_map(m, "granted"), step_age=_opt_float(m, "step_age"),
+            stepped_by=_field(m, "stepped_by", int), version=(version[0], version[1]), ts=float(_field(m, "ts", (int, float))),
         )
 
     def row(self) -> dict[str, Any]:
@@ -155,6 +170,17 @@ def _opt_float(m: Mapping[str, Any], key: str) -> float | None:
     if v is None:
         return None
     return float(_field(m, key, (int, float)))
+
+
+def _pair_map(m: Mapping[str, Any], key: str) -> dict[int, tuple[int, int]]:
+    v = _field(m, key, dict)
+    out: dict[int, tuple[int, int]] = {}
+    for a, b in v.items():
+        if (type(a) is not int or not isinstance(b, list) or len(b) != 2
+                or not all(type(x) is int for x in b)):
+            raise SignalError(f"field {key!r} must map task ids to (run, seq) pairs")
+        out[a] = (b[0], b[1])
+    return out
 
 
 def _int_map(m: Mapping[str, Any], key: str) -> dict[int, int]:

@@ -11,6 +11,11 @@ P = StepwiseParams(step=0.5, high_mark=50_000_000, low_mark=500_000, sensitivity
 HIGH, LOW, MID = 50_000_000, 500_000, 10_000_000
 
 
+def view_of(th: Throttle) -> UpstreamView:
+    """What a downstream on the same clock sees of ``th`` (its published state, delivered at once)."""
+    return UpstreamView(th.k, th.at_floor, dict(th.applied), dict(th.holds), th.stepped_at, th.stepped_by)
+
+
 class World:
     """Downstreams and throttles wired directly: a signal is applied and acknowledged at once."""
 
@@ -25,16 +30,23 @@ class World:
 
     def view(self, u: int) -> UpstreamView:
         th = self.throttle(u)
-        return UpstreamView(th.k, th.at_floor, dict(th.applied))
+        return view_of(th)
 
     def check(self, d: Downstream, now: float, q: int, deliver: bool = True) -> list[Signal]:
+        """Observe and check at once (a check forced at ``now``)."""
         d.observe(now, q)
+        return self.check_due(d, now, q, deliver)
+
+    def check_due(self, d: Downstream, now: float, q: int, deliver: bool = True) -> list[Signal]:
         out = d.check(now, q, self.view)
         self.sent += out
         if deliver:
-            for s in out:
-                self.throttle(s.target).on_signal(s, self.rates.get(s.target, 20_000.0))
+            self.deliver(out, now)
         return out
+
+    def deliver(self, sigs: list[Signal], now: float) -> None:
+        for s in sigs:
+            self.throttle(s.target).on_signal(s, self.rates.get(s.target, 20_000.0), now)
 
 
 # -- step 3-8: overload steps each direct upstream down by v' -------------------------------------
@@ -84,7 +96,7 @@ def test_upstream_mid_step_is_not_stepped_twice() -> None:
     assert w.check(d, 2.0, HIGH, deliver=False) == []  # still unacknowledged: no second step
     assert w.check(d, 3.9, HIGH, deliver=False) == []
     # now the upstream applies and acknowledges it
-    w.throttle(1).on_signal(first[0], 20_000.0)
+    w.throttle(1).on_signal(first[0], 20_000.0, 6.0)
     again = w.check(d, 6.0, HIGH)
     assert [s.k for s in again] == [2]
     assert w.throttles[1].k == 2
@@ -112,8 +124,8 @@ def test_unacknowledged_signal_is_resent_unchanged_after_resend_after() -> None:
     (resent,) = w.check(d, 4.0, HIGH, deliver=False)        # resend_after = 2 x sensitivity
     assert resent == first
     th = w.throttle(1)
-    th.on_signal(first, 100.0)
-    assert th.on_signal(resent, 100.0) is None              # the duplicate changes nothing
+    th.on_signal(first, 100.0, 4.0)
+    assert th.on_signal(resent, 100.0, 4.0) is None              # the duplicate changes nothing
     assert th.k == 1
 
 
@@ -124,7 +136,7 @@ def test_two_downstreams_overloaded_in_the_same_round_step_the_upstream_once() -
     sb = w.check(b, 0.0, HIGH, deliver=False)
     th = w.throttle(1)
     for s in sa + sb:
-        th.on_signal(s, 20_000.0)
+        th.on_signal(s, 20_000.0, 0.0)
     assert th.k == 1 and th.rate == 10_000.0
 
 
@@ -225,19 +237,17 @@ def test_upstream_is_not_released_while_any_downstream_still_holds_it() -> None:
     w = World(rates={1: 16_000.0})
     a, b = Downstream(10, [1], P, 0.0), Downstream(11, [1], P, 0.0)
     w.check(a, 0.0, HIGH)                # a: 1
-    w.check(b, 1.0, HIGH)                # b: max(0, 1) + 1 = 2
+    w.check(b, 2.0, HIGH)                # b: 1 more, a sensitivity later
     th = w.throttles[1]
-    assert th.holds == {10: 1, 11: 2} and th.k == 2
-    w.check(b, 3.0, LOW)
-    w.check(b, 5.0, LOW)                 # b releases one step: 2 -> 1
-    assert th.k == 1 and th.backpressure
-    w.check(b, 7.0, LOW)                 # b releases its last step; a still holds one
+    assert th.holds == {10: 1, 11: 1} and th.k == 2
+    w.check(b, 4.0, LOW)
+    w.check(b, 6.0, LOW)                 # b releases the step it caused; a still holds one
     assert th.holds == {10: 1} and th.k == 1 and th.rate == 8_000.0 and th.backpressure
-    w.check(b, 9.0, LOW)
-    w.check(b, 11.0, LOW)                # b holds nothing: sends nothing
+    w.check(b, 8.0, LOW)
+    w.check(b, 10.0, LOW)                # b holds nothing: sends nothing
     assert th.k == 1
-    w.check(a, 2.0, LOW)
-    w.check(a, 4.0, LOW)
+    w.check(a, 10.0, LOW)
+    w.check(a, 12.0, LOW)
     assert th.k == 0 and th.rate is None and not th.backpressure
 
 
@@ -257,17 +267,17 @@ def test_a_step_on_top_of_another_downstreams_hold_goes_one_below_the_current_ra
         w.check(a, 2.0 * i, HIGH)
     assert w.throttles[1].k == 3
     (s,) = w.check(b, 6.0, HIGH)
-    assert s.k == 4 and w.throttles[1].rate == 1_000.0
+    assert s.k == 1 and w.throttles[1].k == 4 and w.throttles[1].rate == 1_000.0
 
 
 def test_gone_downstream_releases_its_hold() -> None:
     w = World()
     a, b = Downstream(10, [1], P, 0.0), Downstream(11, [1], P, 0.0)
     w.check(a, 0.0, HIGH)
-    w.check(b, 1.0, HIGH)
+    w.check(b, 2.0, HIGH)
     th = w.throttles[1]
-    assert th.forget(11, 0.0) is not None and th.k == 1
-    assert th.forget(10, 0.0) is not None and th.k == 0 and th.rate is None
+    assert th.forget(11, 0.0, 2.0) is not None and th.k == 1
+    assert th.forget(10, 0.0, 2.0) is not None and th.k == 0 and th.rate is None
 
 
 def test_release_all_lets_go_of_every_hold() -> None:
@@ -277,7 +287,7 @@ def test_release_all_lets_go_of_every_hold() -> None:
     sigs = d.release_all(1.0)
     assert {(s.target, s.k, s.kind) for s in sigs} == {(1, 0, RELEASE), (2, 0, RELEASE)}
     for s in sigs:
-        w.throttle(s.target).on_signal(s, 0.0)
+        w.throttle(s.target).on_signal(s, 0.0, 1.0)
     assert all(th.k == 0 and th.rate is None for th in w.throttles.values())
 
 
@@ -287,33 +297,33 @@ def test_duplicate_and_reordered_signals_change_nothing() -> None:
     th = Throttle(1, P)
     s1 = Signal(BACKPRESSURE, 1, 10, 1, 5, 0.0)
     s2 = Signal(BACKPRESSURE, 1, 10, 2, 6, 2.0)
-    assert th.on_signal(s2, 100.0) is not None
-    assert th.on_signal(s1, 100.0) is None       # older: ignored
-    assert th.on_signal(s2, 100.0) is None       # duplicate: ignored
-    assert th.k == 2
+    assert th.on_signal(s2, 100.0, 0.0) is not None
+    assert th.on_signal(s1, 100.0, 0.0) is None       # older: ignored
+    assert th.on_signal(s2, 100.0, 0.0) is None       # duplicate: ignored
+    assert th.k == 1 and th.holds == {10: 1}          # one step per request, whatever it asks
 
 
 def test_signal_for_another_task_is_not_applied() -> None:
     th = Throttle(1, P)
-    assert th.on_signal(Signal(BACKPRESSURE, 2, 10, 1, 1, 0.0), 100.0) is None
+    assert th.on_signal(Signal(BACKPRESSURE, 2, 10, 1, 1, 0.0), 100.0, 0.0) is None
     assert th.k == 0
 
 
 def test_lost_release_is_repaired_by_the_downstreams_state() -> None:
     th = Throttle(1, P)
-    th.on_signal(Signal(BACKPRESSURE, 1, 10, 1, 1, 0.0), 100.0)
+    th.on_signal(Signal(BACKPRESSURE, 1, 10, 1, 1, 0.0), 100.0, 0.0)
     # the RELEASE (seq 2) is lost; the downstream's next state says it holds nothing as of seq 2
-    change = th.reconcile(10, 0, 2, 100.0)
+    change = th.reconcile(10, 0, 0, 2, 100.0, 1.0)
     assert change is not None and change.rate is None and th.k == 0
-    assert th.applied[10] == 2
+    assert th.applied[10] == (0, 2)
     # the lost message shows up late: stale, ignored
-    assert th.on_signal(Signal(RELEASE, 1, 10, 0, 2, 1.0), 100.0) is None
+    assert th.on_signal(Signal(RELEASE, 1, 10, 0, 2, 1.0), 100.0, 0.0) is None
 
 
 def test_older_state_does_not_undo_a_newer_signal() -> None:
     th = Throttle(1, P)
-    th.on_signal(Signal(BACKPRESSURE, 1, 10, 1, 7, 0.0), 100.0)
-    assert th.reconcile(10, 0, 6, 100.0) is None
+    th.on_signal(Signal(BACKPRESSURE, 1, 10, 1, 7, 0.0), 100.0, 0.0)
+    assert th.reconcile(10, 0, 0, 6, 100.0, 1.0) is None
     assert th.k == 1
 
 
@@ -321,11 +331,11 @@ def test_acknowledgement_through_reconcile_ends_mid_step() -> None:
     d = Downstream(10, [1], P, 0.0)
     th = Throttle(1, P)
     (s,) = d.check(0.0, HIGH, lambda u: None)
-    th.reconcile(10, d.holds[1], d.seq, 100.0)            # the signal was lost, the state arrived
-    assert s.seq <= th.applied[10] and th.k == 1
-    (s2,) = d.check(2.0, HIGH, lambda u: UpstreamView(th.k, th.at_floor, th.applied))
+    th.reconcile(10, d.wants[1], d.run, d.seq, 100.0, 0.0)            # the signal was lost, the state arrived
+    assert (d.run, s.seq) == th.applied[10] and th.k == 1
+    (s2,) = d.check(2.0, HIGH, lambda u: view_of(th))
     assert s2.k == 2                      # acknowledged, so the next step went out
-    th.on_signal(s2, 100.0)
+    th.on_signal(s2, 100.0, 0.0)
     assert th.k == 2
 
 
@@ -352,10 +362,11 @@ def test_rate_floor_stops_the_steps() -> None:
 def test_upstream_already_under_the_floor_cannot_be_stepped() -> None:
     params = StepwiseParams(step=0.5, high_mark=HIGH, low_mark=LOW, sensitivity=2.0, rate_floor=100.0)
     th = Throttle(1, params)
-    assert th.on_signal(Signal(BACKPRESSURE, 1, 10, 1, 1, 0.0), 50.0) is None
-    assert th.k == 0 and th.rate is None and th.at_floor and not th.backpressure
-    assert th.on_signal(Signal(RELEASE, 1, 10, 0, 2, 1.0), 50.0) is None
-    assert not th.at_floor and not th.in_episode
+    assert th.on_signal(Signal(BACKPRESSURE, 1, 10, 1, 1, 0.0), 50.0, 0.0) is None
+    # It waits (holding the request) instead of publishing at_floor: see the step-7 test below.
+    assert th.k == 0 and th.rate is None and not th.at_floor and not th.backpressure and th.holds == {10: 1}
+    assert th.on_signal(Signal(RELEASE, 1, 10, 0, 2, 1.0), 50.0, 1.0) is None
+    assert not th.at_floor and not th.in_episode and th.holds == {}
 
 
 def test_max_steps() -> None:
@@ -383,7 +394,8 @@ def test_signal_and_state_round_trip() -> None:
     assert Signal.decode(s.encode()) == s
     st = TaskState(task=3, component="spout", spout=True, rate=5000.0, originv=20000.0, k=2,
                    backpressure=True, queue_bytes=12, high_mark=HIGH, low_mark=LOW,
-                   holds={1: 2}, seq=4, applied={7: 99}, version=(5, 6), ts=1.0)
+                   holds={1: 2}, seq=4, applied={7: (3, 99)}, granted={7: 2}, step_age=0.25,
+                   stepped_by=7, version=(5, 6), ts=1.0)
     assert TaskState.decode(st.encode()) == st
 
 
@@ -408,10 +420,10 @@ def test_state_decode_is_bounded() -> None:
 
 def test_an_unmeasured_upstream_waits_for_a_rate_instead_of_pinning_originv_to_zero() -> None:
     th = Throttle(1, P)
-    assert th.on_signal(Signal(BACKPRESSURE, 1, 10, 1, 1, 0.0), 0.0) is None
+    assert th.on_signal(Signal(BACKPRESSURE, 1, 10, 1, 1, 0.0), 0.0, 0.0) is None
     assert th.k == 0 and not th.at_floor and not th.in_episode and th.holds == {10: 1}
-    assert th.refresh(0.0) is None
-    change = th.refresh(6_000.0)
+    assert th.refresh(0.0, 0.5) is None
+    change = th.refresh(6_000.0, 1.0)
     assert change is not None and change.rate == 3_000.0 and th.originv == 6_000.0
 
 
@@ -419,7 +431,7 @@ def test_overloaded_downstream_re_asks_the_same_hold_while_the_upstream_has_not_
     d = Downstream(10, [1], P, 0.0)
     th = Throttle(1, P)
     (s1,) = d.check(0.0, HIGH, lambda u: None)
-    th.on_signal(s1, 0.0)                       # acknowledged, but no rate yet: k stays 0
+    th.on_signal(s1, 0.0, 0.0)                       # acknowledged, but no rate yet: k stays 0
     view = lambda u: UpstreamView(th.k, th.at_floor, th.applied)  # noqa: E731
     (s2,) = d.check(2.0, HIGH, view)
     assert s2.k == 1 and s2.seq > s1.seq
@@ -450,18 +462,18 @@ def test_a_newer_seq_with_the_same_hold_is_an_acknowledgement_only() -> None:
     peers, spout = _peers()
     peers.update(2, _held(2, 1, seq=5, version=1), 0.0, lambda t: 20_000.0)
     out = peers.update(2, _held(2, 1, seq=6, version=2), 0.5, lambda t: 20_000.0)
-    assert out.changes == [] and out.acknowledged == [1] and spout.applied[2] == 6
+    assert out.changes == [] and out.acknowledged == [1] and spout.applied[2] == (1, 6)
 
 
 def test_a_state_gone_for_grace_releases_what_it_held_and_one_back_in_time_does_not() -> None:
     peers, spout = _peers(grace=4.0)
-    peers.update(2, _held(2, 2, seq=5, version=1), 0.0, lambda t: 20_000.0)
-    assert spout.k == 2
+    peers.update(2, _held(2, 1, seq=5, version=1), 0.0, lambda t: 20_000.0)
+    assert spout.k == 1
     peers.update(2, None, 1.0, lambda t: 20_000.0)           # session expiry: the znode vanished
     assert not peers.alive(2)
     assert peers.expire(4.9, lambda t: 20_000.0).changes == []   # 3.9 s gone: within grace
-    peers.update(2, _held(2, 2, seq=5, version=2), 4.95, lambda t: 20_000.0)   # re-published
-    assert peers.expire(100.0, lambda t: 20_000.0).changes == [] and spout.k == 2
+    peers.update(2, _held(2, 1, seq=5, version=2), 4.95, lambda t: 20_000.0)   # re-published
+    assert peers.expire(100.0, lambda t: 20_000.0).changes == [] and spout.k == 1
     peers.update(2, None, 200.0, lambda t: 20_000.0)         # gone for good this time
     assert peers.expire(203.9, lambda t: 20_000.0).changes == []
     out = peers.expire(204.0, lambda t: 20_000.0)             # exactly grace: forgotten
@@ -472,3 +484,210 @@ def test_our_own_tasks_are_never_forgotten_when_their_state_vanishes() -> None:
     peers, spout = _peers(grace=1.0)
     peers.update(1, None, 0.0, lambda t: 20_000.0)
     assert peers.expire(10.0, lambda t: 20_000.0).changes == [] and peers.alive(1)
+
+
+# -- defects of issue 10, each named after the rule it checks ------------------------------------
+
+def tick(w: World, d: Downstream, now: float, q: int) -> list[Signal]:
+    """One observation; the check runs only when ``observe`` says it is due (as the driver does)."""
+    if d.observe(now, q):
+        return w.check_due(d, now, q)
+    return []
+
+
+def test_step6_siblings_of_one_component_cost_one_step_per_sensitivity_window() -> None:
+    w = World(rates={1: 16_000.0})
+    sibs = [Downstream(10 + i, [1], P, now=0.0) for i in range(4)]
+    t = 0.0
+    while t < 3.9:                     # tasks cross the high mark 0.3 s apart and stay over it
+        for i, d in enumerate(sibs):
+            if t >= 0.3 * i:
+                tick(w, d, t, HIGH)
+        t = round(t + 0.05, 2)
+    # One step at the first crossing, one more a sensitivity later, never one per sibling.
+    assert w.throttles[1].k == 2, w.throttles[1].holds
+
+
+def test_step12_a_light_task_releases_the_steps_it_caused_even_if_a_sibling_added_one() -> None:
+    w = World(rates={1: 16_000.0})
+    a, b = Downstream(10, [1], P, 0.0), Downstream(11, [1], P, 0.0)
+    for i in range(3):
+        w.check(a, 2.0 * i, HIGH)                  # a causes three steps
+    assert w.throttles[1].k == 3
+    w.check(b, 6.0, HIGH)                          # b overloads briefly: one more step
+    assert w.throttles[1].k == 4
+    t = 6.0
+    while t < 14.5:                                # b stays between the marks, a goes idle
+        t = round(t + 0.05, 2)
+        tick(w, a, t, 0)
+        tick(w, b, t, MID)
+    assert w.throttles[1].k == 1                   # a released its three, b keeps its one
+
+
+def test_step9_release_exactly_sensitivity_after_the_low_mark_was_first_held() -> None:
+    w = World()
+    d = Downstream(10, [1], P, now=0.0)
+    w.check(d, 0.0, HIGH)
+    released = []
+    t = 0.0
+    while t < 6.0:                  # a 3 s light spell starting between two checks
+        t = round(t + 0.05, 2)
+        q = LOW if 0.1 <= t < 3.1 else MID
+        released += [(t, s) for s in tick(w, d, t, q) if s.kind == RELEASE]
+    assert [t for t, _ in released] == [2.1]
+    assert w.throttles[1].k == 0
+
+
+def test_step7_an_upstream_slow_at_the_first_signal_is_still_throttled_once_it_runs() -> None:
+    params = StepwiseParams(step=0.5, high_mark=HIGH, low_mark=LOW, sensitivity=2.0, rate_floor=100.0)
+    w = World(params, rates={1: 150.0})          # still starting: under floor / v'
+    d = Downstream(10, [1], params, 0.0)
+    w.check(d, 0.0, HIGH)
+    assert not w.throttles[1].at_floor
+    w.rates[1] = 20_000.0                         # now it runs at full speed
+    for i in range(1, 3):
+        w.check(d, 2.0 * i, HIGH)
+    th = w.throttles[1]
+    assert th.k >= 1 and th.originv == 20_000.0 and th.rate is not None and th.rate <= 10_000.0
+
+
+def test_fast_reaction_is_not_spent_by_a_check_blocked_on_an_unacknowledged_release() -> None:
+    w = World()
+    d = Downstream(10, [1], P, now=0.0)
+    w.check(d, 0.0, HIGH)
+    t, rel = 0.0, []
+    while not rel:                                # light until the release goes out
+        t = round(t + 0.05, 2)
+        rel = [s for s in (w.check_due(d, t, 0, deliver=False) if d.observe(t, 0) else [])]
+    t_rel = t
+    t = round(t + 0.05, 2)
+    assert tick(w, d, t, HIGH) == []             # overloaded, but the release is not acknowledged yet
+    w.deliver(rel, t)                             # the acknowledgement arrives
+    t = round(t + 0.05, 2)
+    out = tick(w, d, t, HIGH)
+    assert [s.kind for s in out] == [BACKPRESSURE], (t_rel, t)
+
+
+def test_originv_of_a_new_episode_is_the_rate_before_it_not_a_lagging_ewma() -> None:
+    w = World(rates={1: 20_000.0})
+    d = Downstream(10, [1], P, 0.0)
+    w.check(d, 0.0, HIGH)
+    w.check(d, 2.0, HIGH)
+    assert w.throttles[1].rate == 5_000.0
+    t = 2.0
+    while w.throttles[1].k:
+        t = round(t + 0.05, 2)
+        tick(w, d, t, 0)
+    assert w.throttles[1].rate is None and w.throttles[1].nominal_rate == 20_000.0
+    w.rates[1] = 7_000.0                        # the EWMA has not caught up with the release yet
+    w.check(d, t + 0.5, HIGH)
+    assert w.throttles[1].originv == 20_000.0 and w.throttles[1].rate == 10_000.0
+
+
+def test_restart_a_downstream_whose_clock_stepped_back_is_heard_and_its_old_run_is_not() -> None:
+    # The old run sent many signals; the restarted one (new run id) counts from 1 again.
+    peers, spout = _peers()
+    peers.update(2, TaskState(task=2, holds={1: 1}, seq=10**12, version=(111, 5)), 0.0, lambda t: 20_000.0)
+    assert spout.k == 1
+    restarted = TaskState(task=2, holds={}, seq=1, version=(222, 1))
+    out = peers.update(2, restarted, 5.0, lambda t: 20_000.0)
+    assert [(t, c.rate) for t, c in out.changes] == [(1, None)] and spout.k == 0
+    # a late record or signal of the old run changes nothing any more
+    assert peers.update(2, TaskState(task=2, holds={1: 1}, seq=10**12, version=(111, 9)), 5.1,
+                        lambda t: 20_000.0).changes == []
+    assert spout.on_signal(Signal(BACKPRESSURE, 1, 2, 1, 10**12 + 1, 0.0, run=111), 20_000.0, 5.2) is None
+    assert spout.k == 0 and peers.states[2].version == (222, 1)
+    # the new run's own signals count from where it is
+    assert spout.on_signal(Signal(BACKPRESSURE, 1, 2, 1, 2, 6.0, run=222), 20_000.0, 6.0) is not None
+
+
+def test_restart_the_new_run_of_a_downstream_is_acknowledged_by_run_and_seq() -> None:
+    w = World()
+    first = Downstream(10, [1], P, 0.0, run=7)
+    for i in range(5):
+        w.check(first, 2.0 * i, HIGH)
+    assert w.throttles[1].k == 5
+    again = Downstream(10, [1], P, 10.0, run=8)          # restarted: seq 1 again, its hold is gone
+    w.throttles[1].reconcile(10, 0, again.run, again.seq, 20_000.0, 10.0)   # its first state record
+    assert w.throttles[1].k == 0
+    (s2,) = w.check(again, 12.0, HIGH)
+    assert s2.seq <= 2 and w.throttles[1].k == 1
+    w.check(again, 12.5, MID)
+    assert not again.mid_step(1) and again.holds == {1: 1}
+
+
+def test_step6_a_sibling_refused_in_the_window_retries_as_it_ends() -> None:
+    w = World(rates={1: 16_000.0})
+    a, b = Downstream(10, [1], P, 0.0), Downstream(11, [1], P, 0.0)
+    w.check(a, 0.0, HIGH)
+    assert w.check(b, 0.001, HIGH) == []           # the view shows a's step in its window: skipped
+    t, steps = 0.001, []
+    while t < 2.2:
+        t = round(t + 0.01, 3)
+        steps += [(t, s.source) for s in tick(w, b, t, HIGH) + tick(w, a, t, HIGH - 1)]
+    assert steps == [(2.001, 11)] and w.throttles[1].k == 2   # the first observation after 2.0
+
+
+def test_step6_same_instant_requests_from_two_tasks_are_granted_once() -> None:
+    w = World()
+    a, b = Downstream(10, [1], P, 0.0), Downstream(11, [1], P, 0.0)
+    sa, sb = w.check(a, 0.0, HIGH, deliver=False), w.check(b, 0.0, HIGH, deliver=False)
+    w.deliver(sa + sb, 0.01)
+    th = w.throttles[1]
+    assert th.k == 1 and th.holds == {10: 1}
+    w.check(a, 0.5, MID)
+    w.check(b, 0.5, MID)
+    assert b.holds == {} and a.holds == {1: 1}     # each adopts what it was granted
+
+
+def test_step6_window_edge_a_step_exactly_sensitivity_later_is_granted() -> None:
+    w = World()
+    a, b = Downstream(10, [1], P, 0.0), Downstream(11, [1], P, 0.0)
+    w.check(a, 0.0, HIGH)
+    w.check(b, 1.999, MID)
+    assert w.check(b, 1.999, HIGH) == []
+    assert [s.source for s in w.check(b, 2.0, HIGH)] == [11] and w.throttles[1].k == 2
+
+
+def test_step12_a_light_task_holding_nothing_sends_nothing_while_its_sibling_is_overloaded() -> None:
+    w = World()
+    a, b = Downstream(10, [1], P, 0.0), Downstream(11, [1], P, 0.0)
+    w.check(a, 0.0, HIGH)
+    for t in (0.0, 1.0, 2.0, 3.0, 4.0):
+        assert tick(w, b, t, 0) == []
+    assert w.throttles[1].k >= 1
+
+
+def test_originv_memory_ends_a_new_episode_long_after_measures_afresh() -> None:
+    w = World(rates={1: 20_000.0})
+    d = Downstream(10, [1], P, 0.0)
+    w.check(d, 0.0, HIGH)
+    w.check(d, 2.0, LOW)
+    w.check(d, 4.0, LOW)
+    assert w.throttles[1].k == 0
+    w.rates[1] = 7_000.0                      # the source really slowed down since
+    w.check(d, 4.0 + P.originv_memory, HIGH)
+    assert w.throttles[1].originv == 7_000.0
+
+
+@pytest.mark.parametrize("originv", [20_000.0, 12_345.678, 1e6 / 7])
+def test_fine_steps_bisect_between_neighbouring_steps_and_still_restore_originv_exactly(originv: float) -> None:
+    params = StepwiseParams(step=0.5, high_mark=HIGH, low_mark=LOW, sensitivity=2.0, rate_floor=1.0,
+                            fine_steps=8)
+    w = World(params, rates={1: originv})
+    d = Downstream(10, [1], params, 0.0)
+    th = w.throttle(1)
+    w.check(d, 0.0, HIGH)
+    assert th.k == 8 and th.rate == originv * 0.5       # the first step is a whole one
+    cap = 0.7 * originv                                 # between the two whole steps
+    t, rates = 0.0, []
+    for _ in range(40):         # over capacity: the queue stays over the high mark; under: it empties
+        t += 2.0
+        w.check(d, t, HIGH if th.rate is None or th.rate > cap else 0)
+        rates.append(th.rate)
+    tail = [r for r in rates[-16:] if r is not None]
+    assert len(tail) == 16 and all(0.9 * cap <= r <= 1.1 * cap for r in tail), rates
+    while th.k:
+        t += 2.0
+        w.check(d, t, LOW)
+    assert th.rate is None and th.nominal_rate == originv and not th.backpressure

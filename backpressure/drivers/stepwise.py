@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from typing import Callable, Sequence
 
@@ -60,7 +61,9 @@ class StepwiseFlowControl:
         self.on_rate_change: RateListener | None = None
         self._dirty: set[int] = set()
         self._flush_scheduled = False
-        self._epoch = time.time_ns()
+        # One random id per run: signal seqs and state versions count within it, so a
+        # restarted process is newer than its old run whatever its clock says.
+        self.run = secrets.randbits(62)
         self._version = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._running = False
@@ -74,15 +77,12 @@ class StepwiseFlowControl:
 
     async def start(self, handles: Sequence[TaskHandle]) -> None:
         now = self.clock()
-        # Signal seqs start from the wall clock in microseconds so a restarted task's
-        # new signals are never mistaken for stale ones by an upstream that outlived it.
-        seq_start = time.time_ns() // 1000
         for h in handles:
             self.handles[h.task_id] = h
             self.throttles[h.task_id] = Throttle(h.task_id, self.params)
             if not h.is_spout and h.upstream_task_ids:
                 self.downstreams[h.task_id] = Downstream(h.task_id, h.upstream_task_ids, self.params,
-                                                         now, seq_start)
+                                                         now, self.run)
             self._show(h.task_id)
         await self.coordinator.start(self.handles, self._on_state)
         self._running = True
@@ -111,7 +111,7 @@ class StepwiseFlowControl:
             for sig in d.release_all(now):
                 self._send(sig)
         for task_id, th in self.throttles.items():
-            change = th.reset()
+            change = th.reset(now)
             if change is not None:
                 self._act(task_id, change)
         for task_id in self.handles:
@@ -146,7 +146,7 @@ class StepwiseFlowControl:
             return
         self.handles[sig.target].count_signal("received", sig.kind)
         before = th.applied.get(sig.source)
-        change = th.on_signal(sig, self._rate_of(sig.target))
+        change = th.on_signal(sig, self._rate_of(sig.target), self.clock())
         if change is not None:
             self._act(sig.target, change)
         elif th.applied.get(sig.source) != before:
@@ -183,7 +183,7 @@ class StepwiseFlowControl:
             now = self.clock()
             for task_id, th in self.throttles.items():
                 if th.holds and not th.in_episode:
-                    change = th.refresh(self._rate_of(task_id))
+                    change = th.refresh(self._rate_of(task_id), now)
                     if change is not None:
                         self._act(task_id, change)
             self._carry_out(self.peers.expire(now, self._rate_of))
@@ -213,12 +213,14 @@ class StepwiseFlowControl:
         h = self.handles[task_id]
         th = self.throttles[task_id]
         d = self.downstreams.get(task_id)
+        now = self.clock()
         return TaskState(
             task=task_id, component=h.component, spout=h.is_spout, rate=th.rate, originv=th.originv,
             k=th.k, backpressure=th.backpressure, at_floor=th.at_floor, queue_bytes=h.queue_bytes(),
             high_mark=self.params.high_mark, low_mark=self.params.low_mark,
-            observed_rate=float(h.observed_rate()), holds=dict(d.holds) if d else {},
-            seq=d.seq if d else 0, applied=dict(th.applied), version=(self._epoch, self._version),
+            observed_rate=float(h.observed_rate()), holds=dict(d.wants) if d else {},
+            seq=d.seq if d else 0, applied=dict(th.applied), granted=dict(th.holds),
+            step_age=th.step_age(now), stepped_by=th.stepped_by, version=(self.run, self._version),
             ts=time.time())
 
     def _publish(self, task_id: int) -> None:

@@ -14,68 +14,85 @@ The document's steps, and how they read here
 * Steps 1-3, 9 (which tasks, overloaded or light): a task is *overloaded* when its
   queue is at or over ``high_mark`` and *light* when its queue has been at or under
   ``low_mark`` at every observation for the whole ``sensitivity`` window.
-* The check runs at most once per ``sensitivity`` per task (the document calls the
-  method "at least sensitivity ms apart" from the bolt's execute path; the runtime
-  also calls it from a timer so an idle task still releases). One exception keeps
-  the reaction fast: when the last check did not find the task overloaded and an
-  observation is at or over the high mark, the check runs at once. A task that
-  stays overloaded therefore steps its upstreams down at most once per
-  ``sensitivity``; a task that stays light steps them up at most once per
-  ``sensitivity`` (each release restarts the light window).
-* Steps 4-8 (step down each direct upstream not already mid-step): "mid-step"
-  (the document's "正在进行反压", being backpressured right now) is read as *this
-  task has signalled that upstream and the upstream has not yet acknowledged it in
-  its published state* (``TaskState.applied``). Reading it as "the upstream's
-  backpressure flag is set" would allow one step only and contradict steps 13-14,
-  which climb back over several steps. So an overloaded task does not re-signal
-  an upstream on every check; and if the acknowledgement never comes (a lost
-  message, a lost state record), the same signal is sent again after
-  ``resend_after``, which is harmless because signals are idempotent.
-  A step also stays "in progress" while it visibly works: when the queue is still
-  over the high mark but has fallen since the previous check, the backlog is
-  draining at the rate already held, and a further step would only overshoot
-  (throttle the upstream below what this task can take, then climb back up: the
-  load oscillation the document sets out to avoid). So an overloaded task steps an
-  upstream it already holds again only when its queue did not fall over the last
-  ``sensitivity``.
+* When the checks run: an overloaded task checks at most once per ``sensitivity``
+  (the document calls the method "at least sensitivity ms apart"); the runtime also
+  observes from a timer so an idle task still releases. Three exceptions keep the
+  reaction on time: a crossing of the high mark after a check that did not find the
+  task overloaded is checked at once; the moment the low mark has held for
+  ``sensitivity`` (not at the next periodic check) the release goes out, so a light
+  spell of ``sensitivity`` is never missed because it began between two checks; and
+  an overloaded check that could do nothing (the upstream was mid-release, or a
+  sibling's step was still in its window) is retried as soon as that ends instead
+  of waiting a whole ``sensitivity``.
+* Step 6 (skip an upstream "already being backpressured"): read as *the upstream
+  stepped down less than ``sensitivity`` ago*. The upstream publishes when (as an
+  age) and for whom it last stepped; a downstream skips it unless that step was its
+  own (its own cadence is one check per ``sensitivity``), and the upstream enforces
+  the same rule on what it grants, so two tasks that overload in the same instant
+  still cost one step. Hence one overload episode of a component (however many of
+  its parallel tasks cross the mark, at whatever offsets) costs one step per
+  ``sensitivity``. A task also does not re-signal an upstream while its previous
+  signal is unacknowledged (``TaskState.applied``); an acknowledgement that never
+  comes is answered by sending the same signal again after ``resend_after``
+  (harmless: signals are idempotent).
+* A step also stays "in progress" while it visibly works: when the queue is still
+  over the high mark but fell since the previous check and the upstream is already
+  throttled, the backlog drains at the rate in force and a further step would only
+  overshoot (the load oscillation the document sets out to avoid).
 * Step 7 (rate := v' x current rate, record ``originv`` on the first step): the
-  rate is never multiplied in place. A ``Throttle`` holds an integer step count
-  ``k`` and its rate is ``originv * step**k``, so ``k`` steps down then ``k`` up
+  rate is never multiplied in place. A ``Throttle`` holds an integer count ``k``
+  and its rate is ``originv * step**(k / fine_steps)``, so ``k`` down then ``k`` up
   gives back ``originv`` bit for bit, and at ``k == 0`` the limiter is turned off
-  (``clear_rate``): exactly as before the first signal. ``originv`` is the
-  upstream's observed emit rate when ``k`` leaves 0; the next episode (after every
-  hold is gone) records a fresh one.
+  (``clear_rate``): exactly as before the first signal. ``fine_steps`` is 1 in the
+  document (every step is a whole v'); see "Finer steps" below.
+* ``originv`` is the rate the upstream had before the episode: its observed rate
+  when ``k`` leaves 0, except that within ``originv_memory`` of the end of the
+  previous episode the previous ``originv`` is kept when the observed rate is lower
+  (the runtime's rate meter is an EWMA that lags a release by seconds; re-measuring
+  it then would start the next episode several steps down).
 * Steps 10-15 (release: step each throttled upstream up by 1/v'; flag clears at
   ``originv``): as above, at ``k == 0``.
-* Rate floor: a step never takes the rate under ``rate_floor``. ``k`` stops at
-  the largest value with ``originv * step**k >= rate_floor`` and the upstream
-  publishes ``at_floor`` so its downstreams stop asking. An upstream whose
-  ``originv`` is already under the floor cannot be stepped at all. An upstream
-  whose emit rate has not been measured yet (0, a task that just started) keeps
-  the hold but does not start the episode until ``refresh`` sees a rate: an
-  ``originv`` of 0 would pin it at the floor for nothing.
+* Rate floor: ``k`` never goes past ``k_max``, the largest with a rate at or over
+  ``rate_floor``, and the upstream publishes ``at_floor`` so its downstreams stop
+  asking. An upstream whose measured rate is 0 or too low to take even one step
+  (a task that has just started: its meter has not caught up) keeps the request
+  but does not start the episode until ``refresh`` sees a rate it can step from;
+  ``at_floor`` stays false meanwhile, so it is throttled as soon as it runs.
 
 Several downstream tasks on one upstream (the document leaves it open)
 ----------------------------------------------------------------------
-Each downstream ``d`` *holds* a step count ``h_d`` on each upstream; the upstream
-runs at ``k = max_d h_d``. An overloaded ``d`` asks for ``max(h_d, k_seen + 1)``
-where ``k_seen`` is the upstream's published ``k``: one step below the upstream's
-*current* rate, as the document says (if the upstream has not reached ``h_d`` yet,
-the same hold is asked for again rather than a deeper one). Hence:
+Each downstream ``d`` holds the steps it *caused*, ``h_d``, on each upstream, and
+the upstream runs at ``k = min(sum_d h_d, k_max)``. An overloaded ``d`` asks for
+``h_d + 1``; a light ``d`` asks for ``h_d - 1``. The upstream is the one place that
+sees every request, so it decides what each is granted (``granted``, published
+beside the acknowledgement, which ``d`` adopts): a release always, a step only
+under the step-6 rule above, at most one step per request, and never past
+``k_max``. Hence:
 
-* two downstreams that overload in the same round both ask for ``k_seen + 1`` and
-  the upstream steps once, not twice (the document's "already being
-  backpressured, skip it");
-* a release from ``d`` lowers only ``h_d``; the upstream speeds up only when ``d``
-  was the tightest holder, and its flag clears only when *no* downstream holds any
-  step: it never releases while any downstream still holds it;
-* a light downstream releases only the steps it holds itself (the document's step
-  12 checks just the upstream's flag, which would let a light task undo a step
-  that an overloaded sibling needs).
+* a light task releases the steps it caused, whoever else holds steps (step 12);
+  a sibling's brief overload costs one step, which that sibling gives back when it
+  is light, and it never pins the steps another task caused;
+* the upstream's flag clears only when no downstream holds any step;
+* a light task that holds nothing sends nothing (the document's step 12 checks
+  only the flag, which would let it undo a step an overloaded sibling needs).
 
-``h_d`` travels both in signals and in ``d``'s published state (``holds``), each
-stamped with ``d``'s signal ``seq``; the upstream keeps whichever is newest, so a
-lost, duplicated or reordered message is repaired by the next state record.
+A downstream's requests travel both in signals and in its published state
+(``holds``), stamped with ``(run, seq)``; the upstream applies whichever is newest,
+so a lost, duplicated or reordered message is repaired by the next state record. A
+restarted process draws a new ``run``: its records are newer than the old run's
+whatever its clock says, and the old run's late records are ignored.
+
+Finer steps (a setting; off in the document)
+--------------------------------------------
+When the capacity lies between two neighbouring steps, whole steps make the rate
+cycle between them: the lower one idles the bottleneck while the low mark waits
+out ``sensitivity``. With ``fine_steps = n > 1`` a downstream may split a step into
+as little as 1/n of it: every reversal (a step down right after a release, or a
+release right after a step down) halves its step; a release right after a release
+doubles it back (up to a whole step), and so does a third step down in a row, so
+the rate closes in on the capacity by bisection while a sustained recovery (or a
+capacity that keeps falling) still moves in whole steps. ``n = 1`` is the
+document exactly.
 """
 from __future__ import annotations
 
@@ -91,7 +108,7 @@ LIGHT = "light"
 
 @dataclass(frozen=True)
 class StepwiseParams:
-    """The document's knobs: v' (``step``), the marks, ``sensitivity`` and a floor."""
+    """The document's knobs: v' (``step``), the marks, ``sensitivity`` and a floor; plus two settings."""
 
     step: float = 0.5
     high_mark: int = 50_000_000
@@ -99,6 +116,8 @@ class StepwiseParams:
     sensitivity: float = 2.0            # seconds
     rate_floor: float = 1.0             # tuples/s
     resend_factor: float = 2.0          # an unacknowledged signal is re-sent after this x sensitivity
+    fine_steps: int = 1                 # a step may be split into up to this many parts (1: the document)
+    originv_memory: float = 6.0         # seconds after an episode in which its originv still stands
 
     def __post_init__(self) -> None:
         if not 0.0 < self.step < 1.0:
@@ -107,6 +126,8 @@ class StepwiseParams:
             raise ValueError("low_mark must be below high_mark")
         if self.sensitivity <= 0 or self.rate_floor <= 0 or self.resend_factor <= 0:
             raise ValueError("sensitivity, rate_floor and resend_factor must be > 0")
+        if self.fine_steps < 1 or self.originv_memory < 0:
+            raise ValueError("fine_steps must be >= 1 and originv_memory >= 0")
 
     @property
     def resend_after(self) -> float:
@@ -117,16 +138,29 @@ class StepwiseParams:
         return cls(step=float(config["backpressure.step"]), high_mark=int(config["queue.high_mark"]),
                    low_mark=int(config["queue.low_mark"]),
                    sensitivity=float(config["backpressure.sensitivity_ms"]) / 1000.0,
-                   rate_floor=float(config["backpressure.rate_floor"]))
+                   rate_floor=float(config["backpressure.rate_floor"]),
+                   fine_steps=int(config.get("backpressure.fine_steps", 1)),
+                   originv_memory=float(config.get("backpressure.originv_memory_ms", 6000.0)) / 1000.0)
+
+
+def scaled_rate(originv: float, step: float, k: int, fine_steps: int) -> float:
+    """``originv * step**(k / fine_steps)``; the same expression both ways, so it is exact."""
+    return originv * step ** k if fine_steps == 1 else originv * step ** (k / fine_steps)
 
 
 @dataclass(frozen=True)
 class UpstreamView:
-    """What a downstream knows of an upstream, from the upstream's published state."""
+    """What a downstream knows of an upstream, from the upstream's published state.
+
+    ``stepped_at`` is on the downstream's own clock (the publisher sends an age).
+    """
 
     k: int = 0
     at_floor: bool = False
-    applied: Mapping[int, int] = field(default_factory=dict)
+    applied: Mapping[int, tuple[int, int]] = field(default_factory=dict)
+    granted: Mapping[int, int] = field(default_factory=dict)
+    stepped_at: float | None = None
+    stepped_by: int = -1
 
 
 _NO_VIEW = UpstreamView()
@@ -139,20 +173,27 @@ class _Pending:
 
 
 class Downstream:
-    """One task watching its own queue and holding steps on its direct upstreams."""
+    """One task watching its own queue and holding the steps it caused on its direct upstreams."""
 
     def __init__(self, task_id: int, upstreams: Iterable[int], params: StepwiseParams,
-                 now: float, seq_start: int = 0) -> None:
+                 now: float, run: int = 0) -> None:
         self.task_id = task_id
         self.upstreams = tuple(dict.fromkeys(upstreams))
         self.params = params
-        self.seq = seq_start
-        self.holds: dict[int, int] = {}
+        self.run = run
+        self.seq = 0
+        self.holds: dict[int, int] = {}       # steps granted to this task, as last acknowledged
+        self.wants: dict[int, int] = {}       # steps last asked for (published: the repair path)
         self.pending: dict[int, _Pending] = {}
+        self.size: dict[int, int] = {}        # current step size per upstream, in 1/fine_steps
+        self.last_dir: dict[int, str] = {}
+        self.streak: dict[int, int] = {}      # moves in a row in last_dir
         self.level = NORMAL
         self.last_check = now
-        self.last_bytes: int | None = None    # queue bytes at the previous check
+        self.last_bytes: int | None = None    # queue bytes at the previous periodic check
         self.low_since: float | None = None
+        self.retry_at: float | None = None    # an overloaded check that could not act: retry from then
+        self.blocked: set[int] = set()
 
     def observe(self, now: float, queue_bytes: int) -> bool:
         """Record one observation (cheap, on the hot path); True when ``check`` is due."""
@@ -160,68 +201,120 @@ class Downstream:
         if queue_bytes <= p.low_mark:
             if self.low_since is None:
                 self.low_since = now
+            elif now - self.low_since >= p.sensitivity and self.holds \
+                    and any(u not in self.pending for u in self.holds):
+                return True       # the low mark held for sensitivity: release now
         else:
             self.low_since = None
-        if now - self.last_check >= p.sensitivity:
-            return True
-        return queue_bytes >= p.high_mark and self.level != OVERLOADED
+            if queue_bytes >= p.high_mark:
+                if self.level != OVERLOADED:
+                    return True
+                if self.retry_at is not None and now >= self.retry_at:
+                    return True
+        return now - self.last_check >= p.sensitivity
 
     def check(self, now: float, queue_bytes: int,
               view: Callable[[int], UpstreamView | None]) -> list[Signal]:
         """The document's steps 3-15 for this task; returns the signals to send."""
         p = self.params
-        self.last_check = now
-        draining = self.last_bytes is not None and queue_bytes < self.last_bytes
-        self.last_bytes = queue_bytes
         out: list[Signal] = []
         for u in self.upstreams:
             self._ack_or_resend(u, view(u) or _NO_VIEW, now, out)
-        if queue_bytes >= p.high_mark:
+        over = queue_bytes >= p.high_mark
+        retry = over and self.level == OVERLOADED and now - self.last_check < p.sensitivity
+        draining = self.last_bytes is not None and queue_bytes < self.last_bytes
+        if not retry:
+            self.last_check = now
+            self.last_bytes = queue_bytes
+        if over:
             self.level = OVERLOADED
-            for u in self.upstreams:
+            candidates = [u for u in self.upstreams if u in self.blocked] if retry else self.upstreams
+            self.blocked, self.retry_at = set(), None
+            for u in candidates:
                 v = view(u) or _NO_VIEW
-                if u in self.pending or v.at_floor:
+                pend = self.pending.get(u)
+                if v.at_floor or (pend is not None and pend.signal.kind == BACKPRESSURE):
+                    continue        # nothing to take, or our own step is mid-way
+                if pend is not None:
+                    self._block(u, now)   # mid-release: step as soon as it is acknowledged
                     continue
-                if draining and self.holds.get(u, 0) > 0:
-                    continue  # the step we hold is working: the backlog is falling
-                out.append(self._hold(u, max(self.holds.get(u, 0), v.k + 1), BACKPRESSURE, now))
+                if (v.stepped_at is not None and v.stepped_by != self.task_id
+                        and now - v.stepped_at < p.sensitivity):
+                    self._block(u, v.stepped_at + p.sensitivity)     # step 6: being backpressured
+                    continue
+                if draining and (v.k > 0 or self.holds.get(u, 0) > 0):
+                    continue  # the rate in force is working: the backlog is falling
+                out.append(self._move(u, BACKPRESSURE, now))
         elif self.low_since is not None and now - self.low_since >= p.sensitivity:
             self.level = LIGHT
+            self.blocked, self.retry_at = set(), None
             released = False
             for u, h in list(self.holds.items()):
                 if h > 0 and u not in self.pending:
-                    out.append(self._hold(u, h - 1, RELEASE, now))
+                    out.append(self._move(u, RELEASE, now))
                     released = True
+            for u in self.upstreams:          # light and holding nothing: the episode is over for u
+                if u not in self.holds and u not in self.pending:
+                    self.size.pop(u, None)
+                    self.last_dir.pop(u, None)
+                    self.streak.pop(u, None)
             if released:
                 self.low_since = now      # each further step up needs a fresh light window
         else:
             self.level = NORMAL
+            self.blocked, self.retry_at = set(), None
         return out
 
     def release_all(self, now: float) -> list[Signal]:
-        """This task is stopping: let go of every step it holds."""
+        """This task is stopping: let go of every step it holds or asked for."""
         self.pending.clear()
-        return [self._hold(u, 0, RELEASE, now) for u, h in list(self.holds.items()) if h > 0]
+        held = {u for u, h in self.holds.items() if h > 0} | {u for u, h in self.wants.items() if h > 0}
+        return [self._send(u, 0, RELEASE, now) for u in self.upstreams if u in held]
 
     def mid_step(self, upstream: int) -> bool:
         return upstream in self.pending
 
-    def _hold(self, upstream: int, k: int, kind: str, now: float) -> Signal:
+    def _block(self, u: int, until: float) -> None:
+        self.blocked.add(u)
+        self.retry_at = until if self.retry_at is None else min(self.retry_at, until)
+
+    def _move(self, u: int, kind: str, now: float) -> Signal:
+        """One step down (BACKPRESSURE) or up (RELEASE) of the size this upstream is at."""
+        whole = self.params.fine_steps
+        last = self.last_dir.get(u)
+        size = self.size.get(u, whole)
+        streak = self.streak.get(u, 0) + 1 if last == kind else 1
+        if last is not None and last != kind:
+            size = max(1, size // 2)              # a reversal: the capacity is in between
+        elif kind == RELEASE or streak > 2:
+            size = min(whole, size * 2)           # still light (or still overloaded twice): widen
+        self.size[u], self.last_dir[u], self.streak[u] = size, kind, streak
+        h = self.holds.get(u, 0)
+        return self._send(u, h + size if kind == BACKPRESSURE else max(0, h - size), kind, now)
+
+    def _send(self, u: int, k: int, kind: str, now: float) -> Signal:
         self.seq += 1
         if k > 0:
-            self.holds[upstream] = k
+            self.wants[u] = k
         else:
-            self.holds.pop(upstream, None)
-        sig = Signal(kind, upstream, self.task_id, k, self.seq, now)
-        self.pending[upstream] = _Pending(sig, now)
+            self.wants.pop(u, None)
+        sig = Signal(kind, u, self.task_id, k, self.seq, now, self.run)
+        self.pending[u] = _Pending(sig, now)
         return sig
 
     def _ack_or_resend(self, u: int, v: UpstreamView, now: float, out: list[Signal]) -> None:
         pend = self.pending.get(u)
         if pend is None:
             return
-        if v.applied.get(self.task_id, -1) >= pend.signal.seq:
+        run, seq = v.applied.get(self.task_id, (None, -1))
+        if run == self.run and seq >= pend.signal.seq:
             del self.pending[u]
+            granted = v.granted.get(self.task_id, 0)
+            if granted > 0:
+                self.holds[u] = self.wants[u] = granted
+            else:
+                self.holds.pop(u, None)
+                self.wants.pop(u, None)
         elif now - pend.sent_at >= self.params.resend_after:
             pend.sent_at = now
             out.append(pend.signal)
@@ -235,17 +328,21 @@ class RateChange:
 
 
 class Throttle:
-    """One task's emit rate as its downstreams hold it: ``originv * step**k``."""
+    """One task's emit rate as its downstreams hold it: ``originv * step**(k / fine_steps)``."""
 
     def __init__(self, task_id: int, params: StepwiseParams) -> None:
         self.task_id = task_id
         self.params = params
-        self.holds: dict[int, int] = {}
-        self.applied: dict[int, int] = {}
+        self.holds: dict[int, int] = {}                   # downstream -> steps granted to it
+        self.applied: dict[int, tuple[int, int]] = {}     # downstream -> newest (run, seq) applied
+        self._retired: dict[int, set[int]] = {}           # downstream -> runs it has since replaced
         self.k = 0
         self.k_max = 0
         self.originv: float | None = None     # kept after a release: the last episode's value
         self.in_episode = False               # some downstream holds a step (originv is current)
+        self.stepped_at: float | None = None  # the last step down, and for whom
+        self.stepped_by = -1
+        self.released_at: float | None = None
 
     @property
     def backpressure(self) -> bool:
@@ -260,75 +357,118 @@ class Throttle:
         """The limit in force; None when the limiter is off (``k == 0``)."""
         if self.k == 0 or self.originv is None:
             return None
-        return self.originv * self.params.step ** self.k
+        return scaled_rate(self.originv, self.params.step, self.k, self.params.fine_steps)
 
     @property
     def nominal_rate(self) -> float | None:
         """``originv * step**k``, also at ``k == 0`` (where it is ``originv`` exactly)."""
-        return None if self.originv is None else self.originv * self.params.step ** self.k
+        if self.originv is None:
+            return None
+        return scaled_rate(self.originv, self.params.step, self.k, self.params.fine_steps)
 
-    def on_signal(self, sig: Signal, observed_rate: float) -> RateChange | None:
+    def stepping(self, now: float) -> bool:
+        """Step 6's "being backpressured right now": stepped down less than ``sensitivity`` ago."""
+        return self.stepped_at is not None and now - self.stepped_at < self.params.sensitivity
+
+    def step_age(self, now: float) -> float | None:
+        return None if self.stepped_at is None else now - self.stepped_at
+
+    def on_signal(self, sig: Signal, observed_rate: float, now: float) -> RateChange | None:
         """Apply one signal addressed to this task; stale or repeated ones change nothing."""
-        if sig.target != self.task_id or sig.seq <= self.applied.get(sig.source, -1):
+        if sig.target != self.task_id or not self._newer(sig.source, sig.run, sig.seq):
             return None
-        self.applied[sig.source] = sig.seq
-        return self._set_hold(sig.source, sig.k, observed_rate)
+        k = min(sig.k, self.holds.get(sig.source, 0)) if sig.kind == RELEASE else sig.k
+        return self._request(sig.source, k, observed_rate, now)
 
-    def reconcile(self, source: int, held: int, seq: int, observed_rate: float) -> RateChange | None:
-        """Apply a downstream's published ``holds`` entry for this task (as of its ``seq``)."""
-        if seq < self.applied.get(source, -1):
+    def reconcile(self, source: int, held: int, run: int, seq: int, observed_rate: float,
+                  now: float) -> RateChange | None:
+        """Apply a downstream's published request for this task (as of its ``(run, seq)``)."""
+        if not self._newer(source, run, seq):
             return None
-        self.applied[source] = seq
-        return self._set_hold(source, held, observed_rate)
+        return self._request(source, held, observed_rate, now)
 
-    def forget(self, source: int, observed_rate: float) -> RateChange | None:
+    def forget(self, source: int, observed_rate: float, now: float) -> RateChange | None:
         """A downstream is gone: whatever it held is released."""
         self.applied.pop(source, None)
         if source not in self.holds:
             return None
-        return self._set_hold(source, 0, observed_rate)
+        self.holds.pop(source)
+        return self._recompute(observed_rate, now, source)
 
-    def reset(self) -> RateChange | None:
+    def reset(self, now: float = 0.0) -> RateChange | None:
         """Let go of everything (the run is stopping)."""
         self.holds.clear()
-        return self._recompute(0.0)
+        return self._recompute(0.0, now, -1)
 
-    def _set_hold(self, source: int, k: int, observed_rate: float) -> RateChange | None:
+    def refresh(self, observed_rate: float, now: float) -> RateChange | None:
+        """Held but not yet stepped because the rate was not measurable: try again."""
+        if self.holds and not self.in_episode:
+            return self._recompute(observed_rate, now, max(self.holds, key=self.holds.__getitem__))
+        return None
+
+    def _newer(self, source: int, run: int, seq: int) -> bool:
+        """Whether ``(run, seq)`` is newer than what was applied from ``source`` (and record it)."""
+        cur = self.applied.get(source)
+        retired = self._retired.get(source, ())
+        if run in retired:
+            return False
+        if cur is not None and cur[0] == run and seq <= cur[1]:
+            return False
+        if cur is not None and cur[0] != run:
+            self._retired.setdefault(source, set()).add(cur[0])    # a restarted downstream
+        self.applied[source] = (run, seq)
+        return True
+
+    def _request(self, source: int, k: int, observed_rate: float, now: float) -> RateChange | None:
+        h = self.holds.get(source, 0)
+        if k > h:
+            k = self._grant(source, h, k, now)
         if k > 0:
             self.holds[source] = k
         else:
             self.holds.pop(source, None)
-        return self._recompute(observed_rate)
+        return self._recompute(observed_rate, now, source)
 
-    def refresh(self, observed_rate: float) -> RateChange | None:
-        """Held but not yet stepped because the rate was not measurable: try again."""
-        if self.holds and not self.in_episode:
-            return self._recompute(observed_rate)
-        return None
+    def _grant(self, source: int, h: int, k: int, now: float) -> int:
+        """How far a request to go from ``h`` to ``k`` steps is granted (step 6 and the floor)."""
+        if self.stepping(now) and self.stepped_by != source:
+            return h
+        others = sum(self.holds.values()) - h
+        cap = self.k_max if self.in_episode else self.params.fine_steps
+        return max(h, min(k, h + self.params.fine_steps, cap - others))
 
-    def _recompute(self, observed_rate: float) -> RateChange | None:
-        want = max(self.holds.values(), default=0)
+    def _recompute(self, observed_rate: float, now: float, source: int) -> RateChange | None:
+        p = self.params
+        want = sum(self.holds.values())
         if want > 0 and not self.in_episode:        # the first step: record originv
-            if not observed_rate > 0:
-                return None     # no rate measured yet (a task just started): wait for one
-            self.in_episode = True
-            self.originv = float(observed_rate)
-            self.k_max = max_steps(self.originv, self.params.step, self.params.rate_floor)
+            originv = float(observed_rate)
+            if (self.originv is not None and self.released_at is not None
+                    and now - self.released_at < p.originv_memory):
+                originv = max(originv, self.originv)
+            k_max = max_steps(originv, p.step, p.rate_floor, p.fine_steps) if originv > 0 else 0
+            if k_max == 0:
+                return None     # no steppable rate measured yet (a task just started): wait for one
+            self.in_episode, self.originv, self.k_max = True, originv, k_max
         elif want == 0:
             self.in_episode = False
         old = self.k
         self.k = min(want, self.k_max) if self.in_episode else 0
         if self.k == old:
             return None
+        if self.k > old:
+            self.stepped_at, self.stepped_by = now, source
+        elif self.k == 0:
+            self.released_at = now
+            self.stepped_at, self.stepped_by = None, -1
         return RateChange(self.rate)
 
 
-def max_steps(originv: float, step: float, floor: float) -> int:
-    """Largest ``k`` with ``originv * step**k >= floor`` (0 when originv is under the floor)."""
+def max_steps(originv: float, step: float, floor: float, fine_steps: int = 1) -> int:
+    """Largest ``k`` with ``scaled_rate(originv, step, k, fine_steps) >= floor`` (0 when none)."""
     k = 0
-    while originv * step ** (k + 1) >= floor:
+    while scaled_rate(originv, step, k + 1, fine_steps) >= floor:
         k += 1
-        if k >= 1000:     # a floor far under originv; 0.5**1000 is already denormal
+        if k >= 1000 * fine_steps:     # a floor far under originv; 0.5**1000 is already denormal
             break
     return k
 
@@ -349,8 +489,10 @@ class StateOutcome:
 class PeerStates:
     """Every task's newest published state, and what each change does to our throttles.
 
-    * A state older (by ``version``) than the one held is ignored: records can arrive
-      out of order after a reconnect.
+    * A state older (by ``version``, ``(run, counter)``) than the one held is ignored:
+      records can arrive out of order after a reconnect. A state from a new run (the
+      task's process restarted) replaces the old run's, whatever the clocks say, and
+      the old run's records are ignored from then on.
     * A state's ``holds`` entry for one of our tasks is reconciled into its throttle
       (the repair path for a lost signal); so is a hold that vanished from it.
     * A task whose state disappears (its process stopped, or its session expired) is
@@ -365,6 +507,7 @@ class PeerStates:
         self.states: dict[int, TaskState] = {}
         self.views: dict[int, UpstreamView] = {}
         self.gone_since: dict[int, float] = {}
+        self.retired: dict[int, set[int]] = {}      # task -> runs a newer run replaced
 
     def alive(self, task: int) -> bool:
         """Whether ``task`` is one of ours or has a published state (signals from others are dropped)."""
@@ -383,17 +526,24 @@ class PeerStates:
             if task not in self.throttles:
                 self.gone_since.setdefault(task, now)
             return out
-        self.gone_since.pop(task, None)
-        old = self.states.get(task)
-        if old is not None and old.version > state.version:
+        run = state.version[0]
+        if run in self.retired.get(task, ()):
             return out
+        old = self.states.get(task)
+        if old is not None and old.version[0] == run and old.version[1] > state.version[1]:
+            return out
+        self.gone_since.pop(task, None)
+        if old is not None and old.version[0] != run:
+            self.retired.setdefault(task, set()).add(old.version[0])
         self.states[task] = state
-        self.views[task] = UpstreamView(state.k, state.at_floor, state.applied)
+        self.views[task] = UpstreamView(
+            state.k, state.at_floor, state.applied, state.granted,
+            None if state.step_age is None else now - state.step_age, state.stepped_by)
         for tid, th in self.throttles.items():
             held = state.holds.get(tid, 0)
             if held or task in th.holds:
                 before = th.applied.get(task)
-                change = th.reconcile(task, held, state.seq, rate_of(tid))
+                change = th.reconcile(task, held, run, state.seq, rate_of(tid), now)
                 self._record(out, tid, change, th.applied.get(task) != before)
         return out
 
@@ -403,7 +553,7 @@ class PeerStates:
         for task in [t for t, since in self.gone_since.items() if now - since >= self.grace]:
             del self.gone_since[task]
             for tid, th in self.throttles.items():
-                self._record(out, tid, th.forget(task, rate_of(tid)), False)
+                self._record(out, tid, th.forget(task, rate_of(tid), now), False)
         return out
 
     @staticmethod
