@@ -55,8 +55,8 @@ EXPECTED: dict[str, tuple[int, str, str]] = {
     "kwargs_list.yaml": (5, "spouts[0].kwargs", "expected a mapping of keyword arguments (got [5])"),
     "bad_id.yaml": (3, "spouts[0].id", "expected a component id: letters, digits, '_', '.', '-', not starting "
                                        "with '.' or '-' (got 'sentences:1')"),
-    "parallelism_zero.yaml": (7, "bolts[0].parallelism", "must be an integer >= 1 (got 0)"),
-    "parallelism_string.yaml": (5, "spouts[0].parallelism", "must be an integer >= 1 (got 'two')"),
+    "parallelism_zero.yaml": (7, "bolts[0].parallelism", "must be an integer from 1 to 1024 (got 0)"),
+    "parallelism_string.yaml": (5, "spouts[0].parallelism", "must be an integer from 1 to 1024 (got 'two')"),
     "duplicate_id.yaml": (6, "bolts[1].id", "duplicate id (first at line 3) (got 'sentences')"),
     "bad_grouping_type.yaml": (10, "streams[0].grouping.type", "unknown grouping; one of shuffle, fields, all, "
                                                                "global, local_or_shuffle, load_aware; did you mean "
@@ -119,7 +119,7 @@ streams:
     assert str(info.value).splitlines() == [
         "two.yaml:1: name: expected a topology name: letters, digits, '_', '.', '-', not starting with '.' "
         "or '-' (got 'two mistakes')",
-        "two.yaml:3: spouts[0].parallelism: must be an integer >= 1 (got -1)",
+        "two.yaml:3: spouts[0].parallelism: must be an integer from 1 to 1024 (got -1)",
         "two.yaml:5: bolts[0].paralelism: unknown key; did you mean 'parallelism'?",
     ]
 
@@ -242,3 +242,162 @@ def test_cli_bad_override_exits_2() -> None:
     assert done.returncode == 2
     assert done.stderr == ("--config: queue.high_mark: expected a size such as 50MB, 500KB or a number of "
                            "bytes (got 'lots')\n")
+
+
+# --- settings and topologies that would take the machine (issue 9, item 7) -------------
+
+_TWO = """\
+name: t
+config:
+  {config}
+spouts:
+  - {{id: s, class: spec_components.Sentences, parallelism: {par}}}
+bolts:
+  - {{id: b, class: spec_components.Split}}
+streams:
+  - {{from: s, to: b, grouping: {{type: shuffle}}}}
+"""
+
+
+def test_a_batch_size_that_would_take_the_machine_is_refused_with_its_range() -> None:
+    with pytest.raises(SpecError) as info:
+        loads(_TWO.format(config="batch.size: 100000000", par=1), "t.yaml")
+    assert str(info.value) == "t.yaml:3: config.batch.size: must be between 1 and 65536 (got 100000000)"
+
+
+def test_a_parallelism_that_would_take_the_machine_is_refused_with_its_range() -> None:
+    with pytest.raises(SpecError) as info:
+        loads(_TWO.format(config="acking: true", par=100000000), "t.yaml")
+    assert str(info.value) == "t.yaml:5: spouts[0].parallelism: must be an integer from 1 to 1024 (got 100000000)"
+
+
+def test_the_builder_refuses_a_huge_parallelism_too() -> None:
+    from topo.topology import TopologyBuilder, TopologyError
+    from spec_components import Sentences
+
+    b = TopologyBuilder("t")
+    b.spout("s", Sentences(), parallelism=100_000_000)
+    with pytest.raises(TopologyError, match=r"component 's': parallelism must be at most 1024, got 100000000"):
+        b.build()
+
+
+def test_the_same_stream_declared_twice_is_refused() -> None:
+    text = _TWO.format(config="acking: true", par=1) + "  - {from: s, to: b, grouping: {type: all}}\n"
+    with pytest.raises(SpecError) as info:
+        loads(text, "t.yaml")
+    assert str(info.value) == ("t.yaml:10: streams[1]: bolt 'b' subscribes to stream 'default' of 's' twice "
+                               "(each tuple would be delivered twice) (got 's -> b')")
+
+
+def test_the_builder_refuses_the_same_stream_twice() -> None:
+    from topo.topology import TopologyBuilder, TopologyError
+    from spec_components import Sentences, Split
+
+    b = TopologyBuilder("t")
+    b.spout("s", Sentences())
+    b.bolt("b", Split()).shuffle("s").shuffle("s")
+    with pytest.raises(TopologyError, match="subscribes to stream 'default' of 's' twice"):
+        b.build()
+
+
+def test_sink_fields_missing_from_its_input_stream_are_caught_at_validation(tmp_path: Path) -> None:
+    text = f"""\
+name: t
+spouts:
+  - {{id: s, class: spec_components.Sentences}}
+bolts:
+  - {{id: split, class: spec_components.Split}}
+  - {{id: count, class: spec_components.Count}}
+  - id: sink
+    class: topo.sinks.SQLiteSink
+    kwargs: {{path: {tmp_path / 'x.db'}, table: t, fields: [word, cnt], key_fields: [word]}}
+streams:
+  - {{from: s, to: split, grouping: {{type: shuffle}}}}
+  - {{from: split, to: count, grouping: {{type: fields, fields: [word]}}}}
+  - {{from: count, to: sink, grouping: {{type: shuffle}}}}
+"""
+    with pytest.raises(SpecError) as info:
+        loads(text, "t.yaml")
+    assert str(info.value) == ("t.yaml:9: bolts[2].kwargs: bolt 'sink' reads fields ['cnt'] that stream "
+                               "'default' of 'count' does not declare (declared: ['word', 'count'])")
+
+
+# --- hostile YAML is bounded (issue 9, item 8) -------------------------------------------
+
+def _bomb(levels: int, width: int = 9) -> str:
+    lines = ["a0: &a0 [lol]"]
+    for i in range(1, levels + 1):
+        lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * width) + "]")
+    return "\n".join(lines)
+
+
+def test_an_alias_bomb_is_refused_before_it_is_expanded() -> None:
+    # 10 ** 6 leaves: small enough that the unbounded loader survives it (and reports
+    # something else), big enough to be over the limit.
+    text = "x: " + _bomb(6, 10).replace("\n", "\n  ").replace("a0: ", "\n  a0: ", 1) + """
+name: t
+spouts:
+  - {id: s, class: spec_components.Sentences, kwargs: {text: *a6}}
+"""
+    with pytest.raises(SpecError) as info:
+        loads(text, "bomb.yaml")
+    assert str(info.value).startswith("bomb.yaml:")
+    assert "aliases expand to more than 100000 values" in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_a_billion_laughs_file_is_refused_in_bounded_memory_and_time(tmp_path: Path) -> None:
+    """9 ** 9 values in kwargs and in config: refused quickly under a 1 GB address-space limit."""
+    bomb = "\n".join("  " + line for line in _bomb(9).splitlines())
+    (tmp_path / "bomb.yaml").write_text(f"""\
+name: t
+anchors:
+{bomb}
+config: {{seed: *a9}}
+spouts:
+  - {{id: s, class: spec_components.Sentences, kwargs: {{text: *a9}}}}
+""")
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30)); "
+            "from topo.cli import main; sys.exit(main(['validate', 'bomb.yaml']))")
+    env = {"PYTHONPATH": f"{DATA}:{REPO}", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stdout == ""
+    assert done.stderr.count("\n") == 1 and "aliases expand to more than 100000 values" in done.stderr
+
+
+def test_a_file_over_the_size_limit_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
+    from topo.spec import MAX_FILE_BYTES
+
+    path = tmp_path / "comments.yaml"
+    path.write_text("# a comment line of sixty-four characters, padded out to length.\n" * 40_000)
+    size = path.stat().st_size
+    assert size > MAX_FILE_BYTES == 1_000_000
+    with pytest.raises(SpecError) as info:
+        load(path)
+    assert str(info.value) == f"{path}: file: over the 1 MB limit for a topology file (got {size} bytes)"
+
+
+def test_deep_nesting_is_one_line() -> None:
+    with pytest.raises(SpecError) as info:
+        loads("name: t\nspouts: " + "[" * 5000 + "]" * 5000 + "\n", "deep.yaml")
+    assert str(info.value).startswith("deep.yaml:2: ") and "nested deeper than" in str(info.value)
+
+
+def test_values_are_shortened_before_they_are_formatted() -> None:
+    from topo.config import ConfigError, short_repr
+    from topo.spec import Problem
+
+    class NoRepr:
+        def __repr__(self) -> str:
+            raise AssertionError("the full repr was built")
+
+    huge = [1] * 1_000_000 + [NoRepr()]
+    assert short_repr(huge) == "[" + ", ".join(["1"] * 25) + ", 1..."
+    assert len(str(ConfigError("seed", huge, "expected an integer"))) < 200
+    assert str(Problem("t.yaml", 3, "config.seed", "expected an integer", {"k": huge})).endswith(", 1...)")
+    assert short_repr("x" * 10**7) == "'" + "x" * 76 + "..."
+    assert short_repr(10 ** 5000) == "<an integer of 16610 bits>"
+    for small in ({'id': 'sentences', 'n': [1, 2.5, None, True]}, (1,), [], {}, "it's", set(), {3}):
+        assert short_repr(small) == repr(small)

@@ -11,11 +11,59 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 
+def short_repr(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, without ever building the whole of it.
+
+    A value from a file can be huge (a long list, or a YAML alias bomb); an error
+    message must cost no more than the line it prints. Containers are walked only as
+    far as the budget goes; strings, bytes and integers are cut before ``repr``.
+    """
+    parts: list[str] = []
+    budget = [limit + 1]
+
+    def put(text: str) -> bool:
+        parts.append(text)
+        budget[0] -= len(text)
+        return budget[0] > 0
+
+    def walk(v: Any, depth: int) -> bool:
+        if isinstance(v, (str, bytes)):
+            return put(repr(v[: limit + 1]) if len(v) <= limit else repr(v[:limit])[:-1])
+        if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 128:
+            return put(f"<an integer of {v.bit_length()} bits>")
+        if isinstance(v, (list, tuple, dict, set, frozenset)):
+            if depth > 20:
+                return put("...")
+            if isinstance(v, (set, frozenset)) and not v:
+                return put(f"{type(v).__name__}()")
+            if isinstance(v, frozenset):
+                put("frozenset(")
+            opening, closing = {list: "[]", tuple: "()", dict: "{}"}.get(type(v), "{}")
+            if not put(opening):
+                return False
+            for i, item in enumerate(v.items() if isinstance(v, dict) else v):
+                if i and not put(", "):
+                    return False
+                if isinstance(v, dict):
+                    if not walk(item[0], depth + 1) or not put(": ") or not walk(item[1], depth + 1):
+                        return False
+                elif not walk(item, depth + 1):
+                    return False
+            if isinstance(v, tuple) and len(v) == 1 and not put(","):
+                return False
+            return put(closing + (")" if isinstance(v, frozenset) else ""))
+        return put(repr(v))
+
+    walk(value, 0)
+    text = "".join(parts)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class ConfigError(ValueError):
     """A bad setting; ``key`` and ``value`` say which."""
 
     def __init__(self, key: str, value: Any, message: str) -> None:
-        super().__init__(f"config {key!r}: {message} (got {value!r})")
+        super().__init__(f"config {short_repr(key)}: {message} (got {short_repr(value)})")
         self.key = key
         self.value = value
         self.reason = message
@@ -96,12 +144,33 @@ class Setting:
     choices: tuple[str, ...] = ()
 
 
-def _positive(v: Any) -> str | None:
-    return None if v > 0 else "must be > 0"
+def _number(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else str(v)
 
 
-def _non_negative(v: Any) -> str | None:
-    return None if v >= 0 else "must be >= 0"
+def _size(n: float) -> str:
+    for unit, scale in (("GB", 1000**3), ("MB", 1000**2), ("KB", 1000)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale:.0f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _between(lo: float, hi: float, *, above: bool = False,
+             show: Callable[[float], str] = _number) -> Callable[[Any], str | None]:
+    """A check for ``lo <= v <= hi`` (``lo < v <= hi`` when ``above``); NaN and the
+    infinities fail it. Every numeric setting has one, so no value can take the machine."""
+    text = (f"must be > {show(lo)} and at most {show(hi)}" if above
+            else f"must be between {show(lo)} and {show(hi)}")
+
+    def check(v: Any) -> str | None:
+        return None if (v > lo if above else v >= lo) and v <= hi else text
+    return check
+
+
+DAY_S = 86_400.0
+HOUR_MS = 3_600_000.0
+MAX_RATE = 1e9           # tuples or records per second
+MAX_QUEUE = 64 * 1000**3
 
 
 def _fraction(v: Any) -> str | None:
@@ -125,51 +194,60 @@ def _port(v: Any) -> str | None:
 SETTINGS: tuple[Setting, ...] = (
     Setting("engine", "local", _str, "which engine runs the topology", choices=("local", "spark")),
     Setting("acking", False, _bool, "track every spout tuple's tree (at-least-once, Storm's XOR acker)"),
-    Setting("message_timeout_s", 30.0, _float, "a tracked tuple not fully acked within this fails and is replayed", check=_positive),
-    Setting("max_retries", 3, _int, "replays of one spout tuple before it goes to the dead-letter file", check=_non_negative),
-    Setting("max_spout_pending", 10000, _int, "tracked tuples in flight per spout task before next_tuple pauses", check=_positive),
+    Setting("message_timeout_s", 30.0, _float, "a tracked tuple not fully acked within this fails and is replayed", check=_between(0, DAY_S, above=True)),
+    Setting("max_retries", 3, _int, "replays of one spout tuple before it goes to the dead-letter file", check=_between(0, 1000)),
+    Setting("max_spout_pending", 10000, _int, "tracked tuples in flight per spout task before next_tuple pauses", check=_between(1, 1_000_000)),
     Setting("dead_letter_path", "dead-letters.jsonl", _str, "JSON lines file for tuples that exhausted their retries"),
-    Setting("drain_timeout_s", 10.0, _float, "on stop, how long in-flight tuples may take before they are failed back", check=_non_negative),
-    Setting("execute_timeout_s", 60.0, _float, "an async (or blocking: true) bolt execute running longer is cancelled and its tuple failed; a bolt's own execute_timeout_s wins", check=_positive),
-    Setting("spout.max_consecutive_errors", 1000, _int, "a spout whose next_tuple raises this many times in a row (with backoff) stops the run", check=_positive),
-    Setting("errors.log_first", 10, _int, "failures of one task logged one by one before they are only counted per interval", check=_non_negative),
-    Setting("errors.log_interval_s", 10.0, _float, "how often a task logs how many further failures it had", check=_positive),
-    Setting("queue.high_mark", 50_000_000, parse_bytes, "queue bytes at or over which a task is overloaded (document 000: 50 MB)", check=_positive),
-    Setting("queue.low_mark", 500_000, parse_bytes, "queue bytes at or under which a task is lightly loaded (document 000: 500 KB)"),
-    Setting("queue.hard_bound", None, parse_bytes, "queue bytes at which emit waits; null means 2 x queue.high_mark", nullable=True, check=_positive),
-    Setting("batch.size", 256, _int, "tuples per transfer batch between tasks", check=_positive),
-    Setting("batch.flush_interval_ms", 1.0, _float, "longest a partial batch waits before it is sent", check=_positive),
+    Setting("drain_timeout_s", 10.0, _float, "on stop, how long in-flight tuples may take before they are failed back", check=_between(0, 3600)),
+    Setting("execute_timeout_s", 60.0, _float, "an async (or blocking: true) bolt execute running longer is cancelled and its tuple failed; a bolt's own execute_timeout_s wins", check=_between(0, DAY_S, above=True)),
+    Setting("spout.max_consecutive_errors", 1000, _int, "a spout whose next_tuple raises this many times in a row (with backoff) stops the run", check=_between(1, 1_000_000_000)),
+    Setting("errors.log_first", 10, _int, "failures of one task logged one by one before they are only counted per interval", check=_between(0, 100_000)),
+    Setting("errors.log_interval_s", 10.0, _float, "how often a task logs how many further failures it had", check=_between(0, DAY_S, above=True)),
+    Setting("checkpoint.interval_ms", None, _float, "take a consistent checkpoint of spout offsets and bolt state this often; null: off (at-least-once acking only)", nullable=True, check=_between(10, 1000 * DAY_S)),
+    Setting("checkpoint.dir", "checkpoints", _str, "where checkpoints are kept: one SQLite file per topology name"),
+    Setting("checkpoint.keep", 3, _int, "completed checkpoints kept per topology (older ones are deleted)", check=_between(1, 1000)),
+    Setting("checkpoint.timeout_s", 60.0, _float, "a checkpoint whose topology has not drained within this is abandoned (the next one tries again)", check=_between(0, DAY_S, above=True)),
+    Setting("checkpoint.restore", True, _bool, "resume from the last completed checkpoint at start; false (topo run --from-scratch) discards it"),
+    Setting("checkpoint.max_rollbacks", 10, _int, "rollbacks to the last checkpoint after a failed or timed-out tuple, in a row, before the run gives up", check=_between(0, 1_000_000)),
+    Setting("queue.high_mark", 50_000_000, parse_bytes, "queue bytes at or over which a task is overloaded (document 000: 50 MB)", check=_between(1, MAX_QUEUE, show=_size)),
+    Setting("queue.low_mark", 500_000, parse_bytes, "queue bytes at or under which a task is lightly loaded (document 000: 500 KB)",
+            check=_between(0, MAX_QUEUE, show=_size)),
+    Setting("queue.hard_bound", None, parse_bytes, "queue bytes at which emit waits; null means 2 x queue.high_mark", nullable=True, check=_between(1, 2 * MAX_QUEUE, show=_size)),
+    Setting("batch.size", 256, _int, "tuples per transfer batch between tasks", check=_between(1, 65536)),
+    Setting("batch.flush_interval_ms", 1.0, _float, "longest a partial batch waits before it is sent", check=_between(0, 60_000, above=True)),
     Setting("backpressure.policy", "stepwise", _str, "flow-control policy",
             choices=("none", "stepwise", "source_stop", "watermark")),
     Setting("backpressure.step", 0.5, _float, "v': each backpressure step multiplies the upstream rate by this", check=_fraction),
-    Setting("backpressure.sensitivity_ms", 2000.0, _float, "low mark must hold this long before a release; also the check period", check=_positive),
-    Setting("backpressure.rate_floor", 1.0, _float, "no step takes a rate below this many tuples/s", check=_positive),
-    Setting("backpressure.source_stop.stop_rate", 200.0, _float, "source_stop: tuples/s a stopped spout may still emit (a resume waits out one emit call at this rate)", check=_positive),
+    Setting("backpressure.sensitivity_ms", 2000.0, _float, "low mark must hold this long before a release; also the check period", check=_between(0, HOUR_MS, above=True)),
+    Setting("backpressure.rate_floor", 1.0, _float, "no step takes a rate below this many tuples/s", check=_between(0, MAX_RATE, above=True)),
+    Setting("backpressure.source_stop.stop_rate", 200.0, _float, "source_stop: tuples/s a stopped spout may still emit (a resume waits out one emit call at this rate)", check=_between(0, MAX_RATE, above=True)),
     Setting("backpressure.water_mark.high", 0.8, _float, "watermark: fraction of queue.hard_bound at or over which a task is overloaded (document 003)", check=_fraction),
     Setting("backpressure.water_mark.low", 0.2, _float, "watermark: fraction of queue.hard_bound at or under which an overloaded task has recovered", check=_fraction),
-    Setting("backpressure.water_mark.check_interval_ms", 1000.0, _float, "watermark: re-report and ramp-step period (JStorm's topology.backpressure.check.interval)", check=_positive),
+    Setting("backpressure.water_mark.check_interval_ms", 1000.0, _float, "watermark: re-report and ramp-step period (JStorm's topology.backpressure.check.interval)", check=_between(0, HOUR_MS, above=True)),
     Setting("coordinator", "embedded", _str, "where signals travel: embedded, or zookeeper://host:port/root", check=_coordinator),
-    Setting("zookeeper.session_timeout_s", 10.0, _float, "ZooKeeper session timeout; a task state vanishes this long after its process dies", check=_positive),
+    Setting("zookeeper.session_timeout_s", 10.0, _float, "ZooKeeper session timeout; a task state vanishes this long after its process dies", check=_between(0, 600, above=True)),
+    Setting("zookeeper.connect_timeout_s", 5.0, _float, "how long topo run waits for ZooKeeper at start before it gives up", check=_between(0, 300, above=True)),
     Setting("metrics.port", 0, _int, "Prometheus exporter port on 127.0.0.1; 0 turns it off", check=_port),
     Setting("metrics.host", "127.0.0.1", _str, "address the Prometheus exporter listens on"),
     Setting("status.path", None, _str, "file the run writes its task states to every second (for topo status)", nullable=True),
-    Setting("seed", None, _int, "seed for shuffle start positions; null picks one at random", nullable=True),
-    Setting("gc.young_threshold", 100_000, _int, "during a local run, allocations between young-generation GC passes (Python's default 700); 0 leaves GC alone", check=_non_negative),
+    Setting("seed", None, _int, "seed for shuffle start positions; null picks one at random", nullable=True,
+            check=_between(0, 2**63 - 1)),
+    Setting("gc.young_threshold", 100_000, _int, "during a local run, allocations between young-generation GC passes (Python's default 700); 0 leaves GC alone", check=_between(0, 10_000_000)),
     Setting("spark.master", "local[*]", _str, "Spark master URL for the spark engine (--master overrides)"),
-    Setting("spark.trigger_interval_ms", 1000.0, _float, "micro-batch interval (t_interval) in milliseconds", check=_positive),
+    Setting("spark.trigger_interval_ms", 1000.0, _float, "micro-batch interval (t_interval) in milliseconds", check=_between(0, HOUR_MS, above=True)),
     Setting("spark.rate_control", "doc001", _str, "admission control: document 001's controller, DStream PID, fixed cap or none",
             choices=("doc001", "pid", "fixed", "none")),
     Setting("spark.initial_rate", 500.0, _float, "slow start: records per source partition per second before the first batch ends",
             check=_slow_start),
-    Setting("spark.min_rate", 100.0, _float, "the controllers never cap a source below this many records/s", check=_non_negative),
+    Setting("spark.min_rate", 100.0, _float, "the controllers never cap a source below this many records/s", check=_between(0, MAX_RATE)),
     Setting("spark.max_rate_per_partition", None, _float, "fixed cap in records/s per source partition (rate_control fixed)",
-            nullable=True, check=_positive),
+            nullable=True, check=_between(0, MAX_RATE, above=True)),
     Setting("spark.max_rows_per_batch", None, _int, "hard limit on rows per micro-batch per source; null for none",
-            nullable=True, check=_positive),
+            nullable=True, check=_between(1, 1_000_000_000)),
     Setting("spark.core_num", None, _int, "cores pre-sharding spreads each batch over; null uses Spark's default parallelism",
-            nullable=True, check=_positive),
+            nullable=True, check=_between(1, 4096)),
     Setting("spark.shuffle_partitions", None, _int, "partitions of stateful stages (spark.sql.shuffle.partitions); null = core_num",
-            nullable=True, check=_positive),
+            nullable=True, check=_between(1, 100_000)),
     Setting("spark.sink", "sqlite:topo-results.db", _str, "where terminal streams go: sqlite:PATH, postgresql://..., or none"),
     Setting("spark.checkpoint_dir", None, _str, "streaming checkpoint (keep it to resume a run); null uses a temporary one",
             nullable=True),

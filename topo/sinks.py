@@ -41,6 +41,7 @@ class SQLiteSink(Bolt):
             raise ValueError(f"SQLiteSink: key_fields {self.key_fields} must be a non-empty subset of fields {self.fields}")
         for f in self.fields:
             _ident("field", f)
+        self.input_fields = tuple(self.fields)   # checked against its input streams at validation
         _ident("table", table)
         self.flush_rows = flush_rows
         self.flush_interval_s = flush_interval_s

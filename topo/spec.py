@@ -24,6 +24,13 @@ fields, cycles) run once the schema is clean, and each is mapped back to the lin
 the stream or component it names. Keeping those checks in ``topology.py`` and only
 *locating* them here means the Python builder and the YAML loader cannot disagree.
 
+Hostile files are bounded: a file over ``MAX_FILE_BYTES`` (1 MB) is refused before
+it is parsed; nesting deeper than ``MAX_DEPTH`` levels is refused while composing; and
+aliases may repeat at most ``MAX_ALIAS_EXPANSION`` values in all (a "billion laughs"
+file is refused before anything expands it). Values are shortened before they are
+formatted into a message (``topo.config.short_repr``), so no error costs more than
+its line.
+
 Each parallel task gets its own instance: the builder is handed a zero-argument
 factory that constructs the class with a deep copy of ``args``/``kwargs``.
 Classes are imported by dotted name from ``sys.path`` as it is; the ``topo`` command
@@ -36,20 +43,25 @@ import difflib
 import functools
 import importlib
 import inspect
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from topo.api import DEFAULT_STREAM, Bolt, Spout
-from topo.config import BY_KEY, ConfigError, coerce, resolve
+from topo.config import BY_KEY, ConfigError, coerce, resolve, short_repr
 from topo.groupings import GROUPINGS, FieldsGrouping, Grouping
-from topo.topology import BoltDeclarer, Topology, TopologyBuilder, TopologyError
+from topo.topology import MAX_PARALLELISM, BoltDeclarer, Topology, TopologyBuilder, TopologyError
 
 _NO_VALUE: Any = object()
+MAX_FILE_BYTES = 1_000_000       # a topology file is a few KB; this is generous
+MAX_DEPTH = 100                  # levels of nested mappings and lists
+MAX_ALIAS_EXPANSION = 100_000    # values that aliases may repeat, in all
+_MAX_MESSAGE = 500
 _ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 
 TOP_KEYS = ("name", "config", "spouts", "bolts", "streams")
@@ -84,13 +96,12 @@ class Problem:
 
     def __str__(self) -> str:
         where = self.path if self.line is None else f"{self.path}:{self.line}"
-        got = "" if self.value is _NO_VALUE else f" (got {_short(self.value)})"
-        return f"{where}: {self.key}: {self.message}{got}"
-
-
-def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+        got = "" if self.value is _NO_VALUE else f" (got {short_repr(self.value)})"
+        message = self.message.replace("\n", " ")  # one line, whatever a constructor raised
+        if len(message) > _MAX_MESSAGE:
+            message = message[: _MAX_MESSAGE - 3] + "..."
+        key = self.key if len(self.key) <= 200 else self.key[:197] + "..."
+        return f"{where}: {key}: {message}{got}"
 
 
 class SpecError(TopologyError):
@@ -181,16 +192,96 @@ def load_spec(path: str | Path) -> TopologySpec:
     """Read and check ``path``; raises ``SpecError`` naming file, line and key."""
     name = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, "rb") as f:     # never more than the limit, whatever the file claims
+            size = max(os.fstat(f.fileno()).st_size, 0)
+            data = f.read(MAX_FILE_BYTES + 1) if size <= MAX_FILE_BYTES else b""
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         raise SpecError([Problem(name, None, "file", f"cannot read: {reason}")]) from None
+    if size > MAX_FILE_BYTES or len(data) > MAX_FILE_BYTES:
+        raise SpecError([_too_big(name, size if size > MAX_FILE_BYTES else None)])
     return loads(text, name)
+
+
+def _too_big(name: str, size: int | None) -> Problem:
+    got = f"{size} bytes" if size is not None else f"more than {MAX_FILE_BYTES} bytes"
+    return Problem(name, None, "file", f"over the {MAX_FILE_BYTES // 1_000_000} MB limit for a topology file "
+                                       f"(got {got})")
 
 
 def loads(text: str, path: str = "<string>") -> TopologySpec:
     """Like ``load_spec`` for YAML text; ``path`` is only used in messages."""
+    if len(text) > MAX_FILE_BYTES:
+        raise SpecError([_too_big(path, len(text.encode("utf-8", "replace")))])
     return _Reader(path).read(text)
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """``SafeLoader`` that refuses deep nesting while composing (PyYAML's composer is
+    recursive) and remembers where each alias is used, for ``_check_aliases``."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.depth = 0
+        self.alias_uses: list[tuple[Node, Any]] = []
+
+    def compose_node(self, parent: Node | None, index: Any) -> Node:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            node = super().compose_node(parent, index)
+            self.alias_uses.append((node, event.start_mark))
+            return node
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_DEPTH} levels",
+                                                  event.start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
+def _compose(text: str) -> tuple[Node | None, list[tuple[Node, Any]]]:
+    loader = _BoundedLoader(text)
+    try:
+        return loader.get_single_node(), loader.alias_uses
+    finally:
+        loader.dispose()
+
+
+def _check_aliases(uses: list[tuple[Node, Any]]) -> tuple[int, str] | None:
+    """(line, message) when aliases repeat more than ``MAX_ALIAS_EXPANSION`` values in
+    all (a "billion laughs" document), or one refers to a node that contains it."""
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+
+    def size(node: Node) -> int:        # values under node, aliases expanded (memoised: linear)
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in open_:
+            raise RecursionError
+        open_.add(key)
+        n = 1
+        if isinstance(node, SequenceNode):
+            n += sum(size(c) for c in node.value)
+        elif isinstance(node, MappingNode):
+            n += sum(size(k) + size(v) for k, v in node.value)
+        open_.discard(key)
+        sizes[key] = n = min(n, 1 << 62)
+        return n
+
+    repeated = 0
+    for node, mark in uses:
+        try:
+            repeated += size(node)
+        except RecursionError:
+            return mark.line + 1, "an alias refers to a node that contains it"
+        if repeated > MAX_ALIAS_EXPANSION:
+            return mark.line + 1, (f"aliases expand to more than {MAX_ALIAS_EXPANSION} values "
+                                   "(an alias bomb?); an anchor may be reused, not multiplied")
+    return None
 
 
 def _instantiate(cls: type, args: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -322,7 +413,7 @@ class _Reader:
     # -- the file --------------------------------------------------------------------
     def read(self, text: str) -> TopologySpec:
         try:
-            root = yaml.compose(text, Loader=yaml.SafeLoader)
+            root, alias_uses = _compose(text)
         except yaml.MarkedYAMLError as e:
             mark = e.problem_mark or e.context_mark
             line = mark.line + 1 if mark else None
@@ -333,6 +424,10 @@ class _Reader:
         except yaml.YAMLError as e:
             self.error(None, "syntax", str(e))
             raise self.fail() from None
+        too_many = _check_aliases(alias_uses)
+        if too_many is not None:
+            self.error(too_many[0], "yaml", too_many[1])
+            raise self.fail()
         if root is None or _is_null(root):
             self.error(1, "topology", "the file is empty; expected a mapping with name, spouts, bolts, streams")
             raise self.fail()
@@ -454,8 +549,10 @@ class _Reader:
         parallelism = 1
         if "parallelism" in m:
             value = self.value(m["parallelism"][1], f"{prefix}.parallelism")
-            if value is not _NO_VALUE and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                self.error(m["parallelism"][1], f"{prefix}.parallelism", "must be an integer >= 1", value)
+            if value is not _NO_VALUE and (not isinstance(value, int) or isinstance(value, bool)
+                                           or not 1 <= value <= MAX_PARALLELISM):
+                self.error(m["parallelism"][1], f"{prefix}.parallelism",
+                           f"must be an integer from 1 to {MAX_PARALLELISM}", value)
             elif value is not _NO_VALUE:
                 parallelism = value
         if cid is None or cls is None or len(self.problems) > problems_before:
@@ -604,6 +701,16 @@ class _Reader:
         m = re.match(r"bolt '([^']*)' reads stream '([^']*)' that '([^']*)'", message)
         if m:
             return self.at_stream(m.group(3), m.group(1), m.group(2), "stream", message)
+        m = re.match(r"bolt '([^']*)' subscribes to stream '([^']*)' of '([^']*)' twice", message)
+        if m:
+            if self.at_last_stream(lambda s: (s.source, s.target, s.stream) == (m.group(3), m.group(1), m.group(2)),
+                                   message):
+                return None
+        m = re.match(r"bolt '([^']*)' reads fields ", message)
+        if m and m.group(1) in self.components:
+            c = self.components[m.group(1)]
+            part = "kwargs" if "kwargs" in c.lines else "class"
+            return self.error(c.lines.get(part, c.line), f"{c.prefix}.{part}", message)
         m = re.match(r"bolt '([^']*)' from '([^']*)': ", message)
         if m:
             return self.at_stream(m.group(2), m.group(1), None, "fields", message)
@@ -611,10 +718,8 @@ class _Reader:
         if m:
             path = m.group(1).split(" -> ")
             edges = set(zip(path, path[1:])) | set(zip(path[1:], path))
-            closing = [s for s in self.streams if (s.source, s.target) in edges]
-            if closing:
-                s = closing[-1]
-                return self.error(s.line, s.prefix, message, f"{s.source} -> {s.target}")
+            if self.at_last_stream(lambda s: (s.source, s.target) in edges, message):
+                return None
         m = re.match(r"component '([^']*)': parallelism", message)
         if m and m.group(1) in self.components:
             c = self.components[m.group(1)]
@@ -626,6 +731,15 @@ class _Reader:
             c = self.components[named[0]]
             return self.error(c.line, c.prefix, message, c.id)
         self.error(1, "topology", message)
+
+    def at_last_stream(self, which: Callable[[_Stream], bool], message: str) -> bool:
+        """Blame ``message`` on the last stream ``which`` selects (the one that closed a
+        cycle or repeated a subscription); False when none does."""
+        chosen = [s for s in self.streams if which(s)]
+        if chosen:
+            s = chosen[-1]
+            self.error(s.line, s.prefix, message, f"{s.source} -> {s.target}")
+        return bool(chosen)
 
     def at_stream(self, source: str, target: str, stream: str | None, part: str, message: str) -> None:
         candidates = [s for s in self.streams if s.source == source and s.target == target

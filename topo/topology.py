@@ -4,6 +4,14 @@ A topology is a DAG of components. Cycles are rejected: under backpressure a cyc
 can deadlock (each task waits for queue space held by the next, STORM-3637), and a
 runtime whose point is flow control must not ship that trap.
 
+A component may name the fields it reads from every input in ``input_fields`` (a
+sink's columns, say): the topology checks that each input stream declares them, so
+a misspelled field is a validation error rather than every tuple failing at run time.
+
+Parallelism is at most ``MAX_PARALLELISM`` tasks per component: each task has its
+queue, its outbox lanes to every downstream task and its asyncio task, so a typo of
+a few zeros would take the machine before the first tuple.
+
 Each parallel task gets its own instance of the component: the builder keeps a
 prototype and the engine deep-copies it per task (Storm serializes the instance for
 the same reason), or calls a zero-argument factory when one is given.
@@ -17,6 +25,9 @@ from typing import Any, Callable, Iterator, Sequence
 from topo.api import DEFAULT_STREAM, Bolt, Spout
 from topo.groupings import (AllGrouping, FieldsGrouping, GlobalGrouping, Grouping,
                             LoadAwareGrouping, LocalOrShuffleGrouping, ShuffleGrouping)
+
+
+MAX_PARALLELISM = 1024
 
 
 class TopologyError(ValueError):
@@ -41,6 +52,7 @@ class ComponentSpec:
     outputs: dict[str, tuple[str, ...]]
     inputs: list[Input] = field(default_factory=list)
     class_name: str = ""
+    input_fields: tuple[str, ...] = ()   # fields the component reads from every input
 
     def instance(self) -> Spout | Bolt:
         return self.make()
@@ -101,7 +113,8 @@ class TopologyBuilder:
         if not isinstance(proto, expected):
             raise TopologyError(f"component {cid!r}: {type(proto).__name__} is not a {expected.__name__}")
         spec = ComponentSpec(cid, kind, make, parallelism, proto.declare_outputs(),
-                             class_name=f"{type(proto).__module__}.{type(proto).__qualname__}")
+                             class_name=f"{type(proto).__module__}.{type(proto).__qualname__}",
+                             input_fields=tuple(getattr(proto, "input_fields", ()) or ()))
         self._components.setdefault(cid, spec)
         return spec
 
@@ -147,9 +160,17 @@ class Topology:
         for c in self.components.values():
             if not isinstance(c.parallelism, int) or isinstance(c.parallelism, bool) or c.parallelism < 1:
                 errs.append(f"component {c.id!r}: parallelism must be an integer >= 1, got {c.parallelism!r}")
+            elif c.parallelism > MAX_PARALLELISM:
+                errs.append(f"component {c.id!r}: parallelism must be at most {MAX_PARALLELISM}, got {c.parallelism!r}")
             if c.kind == "bolt" and not c.inputs:
                 errs.append(f"bolt {c.id!r} has no inputs")
+            subscribed: set[tuple[str, str]] = set()
             for i in c.inputs:
+                if (i.source, i.stream) in subscribed:
+                    errs.append(f"bolt {c.id!r} subscribes to stream {i.stream!r} of {i.source!r} twice "
+                                "(each tuple would be delivered twice)")
+                    continue
+                subscribed.add((i.source, i.stream))
                 src = self.components.get(i.source)
                 if src is None:
                     errs.append(f"bolt {c.id!r} reads from unknown component {i.source!r}")
@@ -161,6 +182,10 @@ class Topology:
                 err = i.grouping.check(src.outputs[i.stream])
                 if err:
                     errs.append(f"bolt {c.id!r} from {i.source!r}: {err}")
+                missing = [f for f in c.input_fields if f not in src.outputs[i.stream]]
+                if missing:
+                    errs.append(f"bolt {c.id!r} reads fields {missing} that stream {i.stream!r} of {i.source!r} "
+                                f"does not declare (declared: {list(src.outputs[i.stream])})")
         cycle = self.find_cycle()
         if cycle:
             errs.append("cycle " + " -> ".join(cycle) + " (cycles can deadlock under "
