@@ -29,6 +29,7 @@ FLOORS: dict[str, tuple[str, ...]] = {
     # The local engine, top to bottom: the engine assembles tasks; tasks run collectors;
     # collectors emit through the outbox and the acker (with queue, limiter, dead letters).
     "local.engine": ("runtime.local.engine",),
+    "local.checkpoints": ("runtime.local.checkpoints",),
     "local.tasks": ("runtime.local.tasks",),
     "local.collectors": ("runtime.local.collectors",),
     "local.parts": ("runtime.local.*",),
@@ -52,7 +53,9 @@ _ENGINE_BELOW = ("observe", "drivers", "policy", "api")
 MAY_IMPORT: dict[str, frozenset[str]] = {
     # An engine is reached through its entry module only.
     "surface": frozenset({"local.engine", "spark.engine", "observe", "drivers", "coordinator", "policy", "api"}),
-    "local.engine": frozenset({"local.tasks", "local.collectors", "local.parts", *_ENGINE_BELOW}),
+    "local.engine": frozenset({"local.checkpoints", "local.tasks", "local.collectors", "local.parts",
+                               *_ENGINE_BELOW}),
+    "local.checkpoints": frozenset({"local.tasks", "local.collectors", "local.parts", *_ENGINE_BELOW}),
     "local.tasks": frozenset({"local.collectors", "local.parts", *_ENGINE_BELOW}),
     "local.collectors": frozenset({"local.parts", *_ENGINE_BELOW}),
     "local.parts": frozenset(_ENGINE_BELOW),

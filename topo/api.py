@@ -31,6 +31,11 @@ class ComponentError(RuntimeError):
     ``next_tuple`` kept raising. The message is one line naming the component and task."""
 
 
+class CheckpointError(RuntimeError):
+    """Checkpointing cannot go on: a spout keeps no offsets, the topology changed since its
+    last checkpoint, the checkpoint file is unusable, or rollbacks keep failing. One line."""
+
+
 class TupleEncodingError(EmitError, TypeError):
     """An emitted value has no msgpack encoding (the wire format between tasks)."""
 
@@ -250,6 +255,28 @@ class Component:
         if isinstance(out, dict):
             return {str(s): tuple(f) for s, f in out.items()}
         return {DEFAULT_STREAM: tuple(out)} if out else {}
+
+    # -- checkpointed state (``checkpoint.interval_ms``) ---------------------------------
+    # A component with state overrides ``snapshot_state`` and ``restore_state``; the
+    # engine calls ``snapshot_state`` at a point in the stream where every tuple emitted
+    # before it has been processed everywhere, and ``restore_state`` (after ``open`` /
+    # ``prepare``) with what it returned when a run resumes from that checkpoint.
+
+    def snapshot_state(self) -> Any:
+        """This task's state now, msgpack-serialisable (values, not live objects)."""
+        raise NotImplementedError
+
+    def restore_state(self, state: Any) -> None:
+        """Take back what ``snapshot_state`` returned."""
+        raise NotImplementedError
+
+    def checkpoint_complete(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` is durable: a sink commits the output it sealed for it."""
+
+    @classmethod
+    def has_state(cls) -> bool:
+        """Whether this component checkpoints state (it overrides ``snapshot_state``)."""
+        return cls.snapshot_state is not Component.snapshot_state
 
 
 class Spout(Component):

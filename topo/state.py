@@ -62,6 +62,13 @@ class KeyedBolt(Bolt):
         """Handle one tuple with its key's state; emit through ``self.collector``."""
         raise NotImplementedError
 
+    def snapshot_state(self) -> Any:
+        """Every key's state as ``[key, state]`` pairs (checkpoints; packed at once by the engine)."""
+        return [[k, v] for k, v in self._states.items()]
+
+    def restore_state(self, state: Any) -> None:
+        self._states = {hashable_key(k): v for k, v in state}
+
     def keyed_state(self) -> Iterator[tuple[Any, dict[str, Any]]]:
         """(key, state) for every key this task holds (local engine; for tests and dumps)."""
         return iter(list(getattr(self, "_states", {}).items()))

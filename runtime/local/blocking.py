@@ -33,11 +33,13 @@ class BlockingRunner:
                 return
             fn, arg, loop, fut = item
             try:
-                result = fn(arg)
-            except BaseException as exc:  # handed to the awaiting task, which decides
-                loop.call_soon_threadsafe(_settle, fut, None, exc)
-            else:
-                loop.call_soon_threadsafe(_settle, fut, result, None)
+                result, exc = fn(arg), None
+            except BaseException as e:  # handed to the awaiting task, which decides
+                result, exc = None, e
+            try:
+                loop.call_soon_threadsafe(_settle, fut, result, exc)
+            except RuntimeError:
+                return  # the loop is closed: the run ended while this call was stuck
 
     def run(self, fn: Callable[[Any], Any], arg: Any) -> "asyncio.Future[Any]":
         loop = asyncio.get_running_loop()

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Protocol, Sequence
 
-from topo.api import Bolt, ComponentError, FieldIndex, Spout, TaskContext
+from topo.api import Bolt, CheckpointError, ComponentError, FieldIndex, Spout, TaskContext
 from topo.config import ResolvedConfig, resolve
 from topo.topology import Topology
 from backpressure.seams import FlowControl
@@ -29,7 +29,9 @@ from runtime.local.acker import Acker
 from runtime.local.deadletter import DeadLetterWriter
 from runtime.local.outbox import Outbox, StreamRoutes
 from runtime.local.queue import ByteQueue
-from runtime.local.tasks import TICK_MARKER, BoltTask, RunState, SpoutTask, TaskWiring
+from runtime.local.checkpoint_store import CheckpointStore
+from runtime.local.checkpoints import Checkpointer, topology_fingerprint
+from runtime.local.tasks import TICK_MARKER, BoltTask, Rollback, RunState, SpoutTask, TaskWiring
 from runtime.observe.stats import TaskStats
 
 log = logging.getLogger("topo.engine")
@@ -93,6 +95,7 @@ class LocalEngine:
         self.bolt_tasks: list[BoltTask] = []
         self.tasks: list[SpoutTask | BoltTask] = []
         self._build()
+        self.checkpointer: Checkpointer | None = self._make_checkpointer()
 
     # --- construction ---------------------------------------------------------
     def _build(self) -> None:
@@ -138,6 +141,28 @@ class LocalEngine:
                     bolt_task = BoltTask(wiring, instance, self.queues[tid])
                     self.bolt_tasks.append(bolt_task)
                     self.tasks.append(bolt_task)
+
+    def _make_checkpointer(self) -> Checkpointer | None:
+        """With ``checkpoint.interval_ms`` set: every spout must keep offsets; failed tuples
+        roll back to the last checkpoint instead of being replayed one by one."""
+        cfg = self.config
+        if cfg["checkpoint.interval_ms"] is None:
+            return None
+        for t in self.spout_tasks:
+            if not type(t.spout).has_state():
+                raise CheckpointError(
+                    f"checkpoint.interval_ms is set but spout {t.component!r} ({type(t.spout).__name__}) keeps "
+                    f"no offsets to resume from: it must implement snapshot_state/restore_state "
+                    f"(the spouts of topo.sources do)")
+        first = {t.component: t.instance for t in reversed(self.tasks)}
+        fingerprint = topology_fingerprint([(c.id, c.kind, first[c.id], c.parallelism)
+                                            for c in self.topology.components.values()])
+        store = CheckpointStore(cfg["checkpoint.dir"], self.topology.name, cfg["checkpoint.keep"])
+        if not cfg["checkpoint.restore"]:
+            store.discard()
+        self.run_state.rollback_on_failure = True
+        return Checkpointer(store, fingerprint, self.run_state, self.spout_tasks, self.bolt_tasks, self._quiescent,
+                            interval_s=cfg["checkpoint.interval_ms"] / 1000.0, timeout_s=cfg["checkpoint.timeout_s"])
 
     # --- views -----------------------------------------------------------------
     @property
@@ -211,6 +236,13 @@ class LocalEngine:
         if run.stopping:
             run.stop_event.set()
         self._open_components()
+        if self.checkpointer is not None:
+            try:
+                self.checkpointer.restore()
+            except Exception:
+                self._close_components(self.tasks)
+                self.dead_letters.close()
+                raise
         await self.flow.start(self.tasks)
         started_services: list[Service] = []
         for s in self.services:
@@ -223,9 +255,18 @@ class LocalEngine:
         spouts = [asyncio.create_task(t.run(), name=f"{t.component}:{t.task_id}") for t in self.spout_tasks]
         bolts = [asyncio.create_task(t.run(), name=f"{t.component}:{t.task_id}") for t in self.bolt_tasks]
         timer = loop.call_later(duration, self.request_stop, "duration") if duration else None
+        checkpoints = (asyncio.create_task(self.checkpointer.loop(), name="checkpoints")
+                       if self.checkpointer is not None else None)
         try:
-            await self._supervise(spouts, bolts)
+            drained = await self._supervise(spouts, bolts)
+            if checkpoints is not None:
+                checkpoints.cancel()
+                await asyncio.gather(checkpoints, return_exceptions=True)
+                if drained:   # the last checkpoint seals the output of the whole run
+                    await self.checkpointer.take(final=True)  # type: ignore[union-attr]
         finally:
+            if checkpoints is not None:
+                checkpoints.cancel()
             if timer:
                 timer.cancel()
             if handle_signals:
@@ -282,8 +323,9 @@ class LocalEngine:
             self.drain_deadline = 0.0
         self.request_stop("signal")
 
-    async def _supervise(self, spouts: list[asyncio.Task], bolts: list[asyncio.Task]) -> None:
-        """Wait for the spouts to finish (exhausted or stopped), then drain the bolts."""
+    async def _supervise(self, spouts: list[asyncio.Task], bolts: list[asyncio.Task]) -> bool:
+        """Wait for the spouts to finish (exhausted or stopped), then drain the bolts;
+        True when everything in flight was processed, False when the drain timed out."""
         stop_event = self.run_state.stop_event
         assert stop_event is not None
         watch = set(spouts) | set(bolts)
@@ -309,7 +351,7 @@ class LocalEngine:
                 if t.done() and not t.cancelled() and t.exception() is not None:
                     raise t.exception()
             if all(t.done() for t in spouts) and self._quiescent():
-                break
+                return True
             await asyncio.sleep(0.005)
             if self.stopping and self.drain_deadline == float("inf"):
                 self.drain_deadline = time.monotonic() + drain_timeout
@@ -323,6 +365,7 @@ class LocalEngine:
                 log.warning("drain timeout: %d tuple trees failed back to their spouts", n)
                 for st in self.spout_tasks:
                     st.handle_outcomes()
+        return False
 
 
 @contextlib.contextmanager
@@ -350,8 +393,38 @@ def run(topology: Topology, config: dict[str, Any] | None = None, *, duration: f
         max_tuples: int | None = None, flow: FlowControl | None = None, services: Sequence[Service] = (),
         handle_signals: bool = False) -> RunResult:
     """Run ``topology`` on uvloop until its spouts end, ``duration`` passes, ``max_tuples``
-    spout tuples were emitted, or SIGINT/SIGTERM (with ``handle_signals``)."""
+    spout tuples were emitted, or SIGINT/SIGTERM (with ``handle_signals``).
+
+    With checkpoints on, a failed or timed-out tuple rolls the whole topology back to
+    its last checkpoint (a new engine restores it and goes on, as Flink restarts a job
+    from its last checkpoint); ``message_timeout_s`` doubles after each rollback so a
+    timeout set too small for the load cannot roll back forever.
+    """
     import uvloop
 
-    engine = LocalEngine(topology, config, flow=flow, services=services)
-    return uvloop.run(engine.run(duration, max_tuples, handle_signals))
+    return uvloop.run(run_async(topology, config, duration=duration, max_tuples=max_tuples, flow=flow,
+                                services=services, handle_signals=handle_signals))
+
+
+async def run_async(topology: Topology, config: dict[str, Any] | None = None, *, duration: float | None = None,
+                    max_tuples: int | None = None, flow: FlowControl | None = None,
+                    services: Sequence[Service] = (), handle_signals: bool = False) -> RunResult:
+    """``run`` inside a running event loop."""
+    cfg = config if isinstance(config, ResolvedConfig) else resolve(topology.config, config or {})
+    rollbacks = 0
+    deadline = None if duration is None else time.monotonic() + duration
+    while True:
+        engine = LocalEngine(topology, cfg, flow=flow, services=services)
+        left = None if deadline is None else max(0.001, deadline - time.monotonic())
+        try:
+            return await engine.run(left, max_tuples, handle_signals)
+        except Rollback as why:
+            completed = engine.checkpointer.stats.completed if engine.checkpointer is not None else 0
+            rollbacks = 1 if completed else rollbacks + 1
+            if flow is not None or rollbacks > cfg["checkpoint.max_rollbacks"]:
+                raise CheckpointError(f"{why}; gave up after {rollbacks - 1} rollbacks to the last checkpoint in a "
+                                      f"row (checkpoint.max_rollbacks)") from None
+            cfg = ResolvedConfig({**cfg, "message_timeout_s": cfg["message_timeout_s"] * 2,
+                                  "checkpoint.restore": True})
+            log.warning("%s: rolling back to the last checkpoint (message_timeout_s now %g s)", why,
+                        cfg["message_timeout_s"])

@@ -49,6 +49,11 @@ _SPOUT_IDLE_SLEEP_S = 0.001  # Storm's default sleep-spout wait strategy
 _SPOUT_ERROR_BACKOFF_MAX_S = 1.0
 
 
+class Rollback(Exception):
+    """A tuple failed or timed out while checkpoints are on: the run goes back to the last
+    checkpoint (replaying one tuple into stateful bolts would count it twice)."""
+
+
 class ExecuteTimeout(Exception):
     """A bolt's execute ran past its ``execute_timeout_s`` and was cancelled (or abandoned)."""
 
@@ -65,6 +70,8 @@ class RunState:
     stop_reason: str = ""
     stop_event: asyncio.Event | None = None   # set by ``request_stop``; made by the running engine
     topology: str = ""
+    paused: bool = False          # a checkpoint is draining: spouts hold at their next call boundary
+    rollback_on_failure: bool = False   # checkpoints on: a failed tuple rolls back, never replays
 
     def request_stop(self, reason: str = "stopped") -> None:
         if not self.stopping:
@@ -187,7 +194,9 @@ class SpoutTask(_TaskBase):
         self.exhausted = False
         self.consecutive_errors = 0
         self.max_consecutive_errors: int = self.context.config.get("spout.max_consecutive_errors", 1000)
-        self.parked = False  # waiting in _wait_outcome
+        self.parked = False     # waiting in _wait_outcome
+        self.holding = False    # parked at a call boundary while a checkpoint drains
+        self.finished = False   # run() returned
         self._wake = asyncio.Event()
 
     def on_outcome(self, root: int, ok: bool, reason: str) -> None:
@@ -224,6 +233,8 @@ class SpoutTask(_TaskBase):
             spout.fail(msg_id)
             if run.stopping:
                 continue  # failed back to the spout; the source keeps it
+            if run.rollback_on_failure:
+                raise Rollback(f"spout {self.component!r} (task {self.task_id}): tuple {msg_id!r} {reason or 'failed'}")
             if retries < run.max_retries:
                 stats.replayed += 1
                 stats.emitted += 1
@@ -247,7 +258,17 @@ class SpoutTask(_TaskBase):
             return self.outbox.batch_size
         return max(1, min(self.outbox.batch_size, int(rate * 0.002)))
 
+    def wake(self) -> None:
+        """Cut a park short (an outcome arrived, or a checkpoint resumed the spouts)."""
+        self._wake.set()
+
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            self.finished = True
+
+    async def _run(self) -> None:
         spout, run, collector, stats, outbox = self.spout, self.run_state, self.collector, self.stats, self.outbox
         call = spout.next_tuple
         is_async = inspect.iscoroutinefunction(call)
@@ -270,6 +291,13 @@ class SpoutTask(_TaskBase):
                     return
                 await self._wait_outcome()
                 continue
+            if run.paused:
+                if outbox.pending_count:
+                    stats.backpressured_ns += await outbox.flush()
+                self.holding = True
+                await self._wait_outcome()
+                continue
+            self.holding = False
             if len(self.pending) >= max_pending:
                 if outbox.pending_count:
                     stats.backpressured_ns += await outbox.flush()

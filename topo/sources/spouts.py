@@ -100,6 +100,15 @@ class OffsetSpout(Spout):
             return
         await asyncio.sleep(self.idle_sleep_s)
 
+    # -- checkpoints: the next offset to read, per partition of this task -------------
+    def snapshot_state(self) -> Any:
+        return {"pos": dict(self._pos)}
+
+    def restore_state(self, state: Any) -> None:
+        for p, offset in state["pos"].items():
+            if int(p) in self._pos:
+                self._pos[int(p)] = int(offset)
+
     def close(self) -> None:
         src = getattr(self, "_source", None)
         if src is not None:
