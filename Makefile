@@ -1,4 +1,5 @@
 # Everything a newcomer needs: `make run` and `make test` set themselves up.
+# `make run` installs only the local engine; `make test` installs everything.
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
@@ -12,10 +13,16 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-# The stamp depends on pyproject.toml so a new dependency reinstalls.
+# Two sets of packages: what the local engine needs (`make run`, a small venv) and
+# everything (`make test`, `make bench`: Spark, the server clients, pytest, matplotlib).
+# Each stamp depends on pyproject.toml so a new dependency reinstalls.
 .stamp-venv: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[spark,servers,test]'
+	$(BIN)/pip install -q -e .
 	touch $@
+
+.stamp-all: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[spark,servers,test,bench]'
+	touch $@ .stamp-venv
 
 venv: .stamp-venv
 
@@ -33,11 +40,11 @@ run: .stamp-venv
 	$(BIN)/topo run configs/wordcount.yaml
 	$(BIN)/python -m topo.examples.wordcount wordcount.db
 
-test: .stamp-venv .stamp-apt
+test: .stamp-all .stamp-apt
 	$(BIN)/python -m pytest -q -ra
 
-bench: .stamp-venv .stamp-apt
+bench: .stamp-all .stamp-apt
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) .stamp-venv .stamp-apt build *.egg-info
+	rm -rf $(VENV) .stamp-venv .stamp-all .stamp-apt build *.egg-info

@@ -1,4 +1,4 @@
-"""`topo run` as a user runs it: exact word counts, and a clean stop on SIGTERM."""
+"""`topo run` and `topo.run()` as a user runs them: exact word counts, and a clean stop on a signal."""
 from __future__ import annotations
 
 import os
@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from topo.examples.wordcount import expected_counts
 from topo.sinks import read_table
@@ -52,11 +54,11 @@ streams:
 """
 
 
-def test_sigterm_drains_and_exits_zero(tmp_path):
-    (tmp_path / "endless.yaml").write_text(ENDLESS)
-    proc = subprocess.Popen(TOPO + ["run", "endless.yaml"], cwd=tmp_path, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    db = tmp_path / "counts.db"
+def _signal_once_running(cmd: list[str], cwd: Path, sig: int) -> tuple[int, str, str, float]:
+    """Start ``cmd`` (a run of ENDLESS, writing counts.db in ``cwd``), send ``sig`` once
+    rows are written; returns (exit status, stdout, stderr, seconds from signal to exit)."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    db = cwd / "counts.db"
 
     def rows_written() -> bool:
         try:
@@ -70,14 +72,21 @@ def test_sigterm_drains_and_exits_zero(tmp_path):
             time.sleep(0.2)
         assert proc.poll() is None, proc.communicate()
         sent = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         out, err = proc.communicate(timeout=30)
+        return proc.returncode, out, err, time.monotonic() - sent
     finally:
         if proc.poll() is None:  # never leave a topology running after a failed test
             proc.kill()
             proc.communicate()
-    assert proc.returncode == 0, err
-    assert time.monotonic() - sent < 15  # drain_timeout_s is 10
+
+
+def test_sigterm_drains_and_exits_zero(tmp_path):
+    (tmp_path / "endless.yaml").write_text(ENDLESS)
+    code, out, err, took = _signal_once_running(TOPO + ["run", "endless.yaml"], tmp_path, signal.SIGTERM)
+    db = tmp_path / "counts.db"
+    assert code == 0, err
+    assert took < 15  # drain_timeout_s is 10
     assert "Traceback" not in err
     # The summary reports the spout: every tuple tree ended acked or failed back, none pending.
     assert "stopped (signal)" in out
@@ -105,3 +114,40 @@ def test_an_unencodable_value_stops_the_run_with_one_line_naming_component_and_f
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
     assert "component 's'" in proc.stderr and "field 'payload'" in proc.stderr and "set" in proc.stderr
+
+
+# What the README's Python example does: topo.run() from a script's main thread.
+RUN_FROM_PYTHON = """
+import sys
+from topo import run
+from topo.spec import load
+
+result = run(load(sys.argv[1]))
+print("reason:", result.reason)
+print(result)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_run_from_python_drains_on_a_signal(tmp_path, sig):
+    """topo.run() called from the main thread handles Ctrl-C and SIGTERM itself: the run
+    drains and returns (reason "signal") instead of raising KeyboardInterrupt or dying."""
+    (tmp_path / "endless.yaml").write_text(ENDLESS)
+    (tmp_path / "main.py").write_text(RUN_FROM_PYTHON)
+    code, out, err, took = _signal_once_running([sys.executable, "main.py", "endless.yaml"], tmp_path, sig)
+    assert code == 0, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert "reason: signal" in out
+    assert "sentences: emitted=" in out          # the result's per-component summary
+    assert took < 15  # drain_timeout_s is 10
+
+
+def test_spark_engine_without_the_extra_says_how_to_install_it(tmp_path):
+    """Without pyspark (a `make run` venv) `--engine spark` is one line naming the extra, exit 1."""
+    hide_pyspark = ("import sys; sys.modules['pyspark'] = None; from topo.cli import main; "
+                    f"sys.exit(main(['run', '--engine', 'spark', {str(ROOT / 'configs' / 'wordcount.yaml')!r}]))")
+    proc = subprocess.run([sys.executable, "-c", hide_pyspark], cwd=tmp_path, env=_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert "pyspark" in proc.stderr and "pip install 'topo[spark]'" in proc.stderr

@@ -5,6 +5,12 @@
   listens beyond loopback.
 * The driver JVM gets ``-Xss32m``: stopping a streaming query walks deep plans and can
   overflow the default stack.
+* The driver logs through ``log4j2.properties`` beside this module: warnings and
+  errors, one line each, without the messages a normal streaming run produces
+  (batches falling behind, job groups already gone at a stop); the Python workers
+  get ``PYTHONWARNINGS`` filtering PySpark's FutureWarning about the pandas version
+  (the driver filters it in ``runtime/spark/__init__.py``). A normal run and its
+  shutdown print no stack trace.
 * Python workers must import the user's bolt classes by module name, so the
   directories on this interpreter's ``sys.path`` (the working directory, a test
   directory) are added to ``PYTHONPATH`` before the JVM starts; workers inherit it.
@@ -16,9 +22,13 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
+from runtime.spark import PANDAS_WARNING
+
 SITE_MARKERS = ("site-packages", "dist-packages", f"lib{os.sep}python")
+LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 
 
 def prepare_environment() -> None:
@@ -30,6 +40,10 @@ def prepare_environment() -> None:
     merged = list(dict.fromkeys(have + extra))
     if merged:
         os.environ["PYTHONPATH"] = os.pathsep.join(merged)
+    quiet = f"ignore:{PANDAS_WARNING}:FutureWarning"
+    given = os.environ.get("PYTHONWARNINGS", "")
+    if quiet not in given.split(","):
+        os.environ["PYTHONWARNINGS"] = ",".join(w for w in (given, quiet) if w)
 
 
 def get_session(master: str = "local[*]", *, shuffle_partitions: int | None = None,
@@ -39,7 +53,7 @@ def get_session(master: str = "local[*]", *, shuffle_partitions: int | None = No
     from pyspark.sql import SparkSession
 
     builder = (SparkSession.builder.master(master).appName(app_name)
-               .config("spark.driver.extraJavaOptions", "-Xss32m")
+               .config("spark.driver.extraJavaOptions", f"-Xss32m -Dlog4j2.configurationFile={LOG4J_CONFIG.as_uri()}")
                .config("spark.driver.host", "127.0.0.1")
                .config("spark.driver.bindAddress", "127.0.0.1")
                .config("spark.ui.enabled", "false")

@@ -1,8 +1,9 @@
 """Word count, the hello-world of stream processing.
 
 sentences (spout) -> split (shuffle) -> count (fields grouping on ``word``) -> sink
-(SQLite upsert of running totals). With a fixed input and ``repeat`` the final
-counts are exact, which the tests and the Spark engine's comparison rely on.
+(SQLite upsert of running totals). The sentences are a deterministic generated
+source addressed by sentence index, so ``configs/wordcount.yaml`` runs unchanged on
+the local engine and on Spark, and with ``repeat`` the final counts are exact on both.
 """
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import random
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Iterator, Sequence
 
-from topo.api import Bolt, EndOfStream, Spout, Tuple
+from topo.api import Bolt, EndOfStream, Spout, SpoutOutputCollector, TaskContext, Tuple
+from topo.sources.base import OffsetSource, check_range
+from topo.sources.spouts import OffsetSpout
 
 DEFAULT_SENTENCES = (
     "the cow jumped over the moon",
@@ -26,28 +29,101 @@ DEFAULT_SENTENCES = (
 _WORD = re.compile(r"[a-z0-9']+")
 
 
-class SentenceSpout(Spout):
-    """Emits each sentence ``repeat`` times (0 = forever), tracked by its sequence number."""
+ENDLESS = 1 << 62   # "always more": where an endless sentence source says each partition ends
 
-    outputs = ["sentence"]
+
+class SentenceSource:
+    """The sentences as an offset-addressable source (``topo.sources.OffsetSource``).
+
+    Sentence number ``i`` (counting from 0) is ``sentences[i % len(sentences)]``; with
+    ``partitions`` P it lives in partition ``i % P`` at offset ``i // P``, so with one
+    partition the offset is the sentence index. ``total`` sentences in all, or endless
+    (``None``: every partition reports ``ENDLESS`` records, so on Spark keep a rate
+    control other than ``none`` or set ``spark.max_rows_per_batch``). Nothing is stored:
+    reading a range twice gives the same sentences, on any engine, in any process.
+    """
+
+    columns: tuple[str, ...] = ("sentence",)
+
+    def __init__(self, sentences: Sequence[str], total: int | None, partitions: int = 1) -> None:
+        if not sentences:
+            raise ValueError("no sentences")
+        if partitions < 1:
+            raise ValueError("partitions must be >= 1")
+        self.sentences = tuple(sentences)
+        self.total = total
+        self.partitions = partitions
+
+    def describe(self) -> str:
+        size = "endless" if self.total is None else f"{self.total} sentences"
+        return f"sentence source ({size}, {self.partitions} partitions)"
+
+    def num_partitions(self) -> int:
+        return self.partitions
+
+    def latest(self) -> dict[int, int]:
+        p = self.partitions
+        if self.total is None:
+            return {q: ENDLESS for q in range(p)}
+        return {q: (self.total - q + p - 1) // p for q in range(p)}
+
+    def sentence(self, i: int) -> str:
+        return self.sentences[i % len(self.sentences)]
+
+    def read(self, partition: int, start: int, end: int) -> Iterator[tuple[Any, ...]]:
+        check_range(partition, start, end, self.partitions)
+        end = min(end, self.latest()[partition])
+        for offset in range(start, end):
+            yield (self.sentence(offset * self.partitions + partition),)
+
+    def close(self) -> None:
+        return None
+
+
+class SentenceSpout(OffsetSpout):
+    """Emits each sentence ``repeat`` times (0 = forever), tracked by its sentence index.
+
+    Runs unchanged on both engines. On the local engine task ``k`` of ``n`` emits the
+    sentences ``i = k, k + n, k + 2n, ...`` (partition ``k`` of an ``n``-partition
+    ``SentenceSource``) with ``msg_id = i``; on Spark the engine reads the one-partition
+    source by offset (offset = sentence index) and pre-shards it over the cores.
+    """
 
     def __init__(self, sentences: Sequence[str] = DEFAULT_SENTENCES, repeat: int = 1000,
                  path: str | None = None, shuffle_seed: int | None = None) -> None:
+        super().__init__(columns=SentenceSource.columns, fields=None, batch=256)
         self.sentences = list(Path(path).read_text(encoding="utf-8").splitlines() if path else sentences)
         if shuffle_seed is not None:
             random.Random(shuffle_seed).shuffle(self.sentences)
+        if repeat < 0:
+            raise ValueError(f"repeat must be >= 0 (0 = forever), got {repeat!r}")
         self.repeat = repeat
         self.seq = 0
 
+    def source(self, partitions: int = 1) -> SentenceSource:
+        return SentenceSource(self.sentences, len(self.sentences) * self.repeat if self.repeat else None, partitions)
+
+    def bound(self, source: OffsetSource) -> dict[int, int] | None:
+        return None if self.repeat == 0 else source.latest()
+
+    def open(self, context: TaskContext, collector: SpoutOutputCollector) -> None:
+        Spout.open(self, context, collector)
+        self._source = self.source(partitions=context.parallelism)
+        self._end = self._source.latest()[context.task_index]
+
     def next_tuple(self) -> None:
-        total = len(self.sentences) * self.repeat
-        # Tasks of a parallel spout split the sequence between them.
-        step = self.context.parallelism
-        i = self.seq * step + self.context.task_index
-        if self.repeat and i >= total:
+        offset = self.seq
+        if offset >= self._end:
             raise EndOfStream
-        self.collector.emit([self.sentences[i % len(self.sentences)]], msg_id=i)
+        i = offset * self.context.parallelism + self.context.task_index
+        self.collector.emit([self._source.sentence(i)], msg_id=i)
         self.seq += 1
+
+    def snapshot_state(self) -> dict[str, int]:
+        return {"seq": self.seq}      # the next offset of this task's partition
+
+    def restore_state(self, state: dict[str, int]) -> None:
+        self.seq = int(state["seq"])
 
 
 class SplitBolt(Bolt):
@@ -70,6 +146,12 @@ class CountBolt(Bolt):
         word = tup["word"]
         self.counts[word] += 1
         self.collector.emit([word, self.counts[word]])
+
+    def snapshot_state(self) -> dict[str, int]:
+        return dict(self.counts)
+
+    def restore_state(self, state: dict[str, int]) -> None:
+        self.counts = Counter(state)
 
 
 def expected_counts(sentences: Sequence[str] = DEFAULT_SENTENCES, repeat: int = 1000) -> Counter[str]:
