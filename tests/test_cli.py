@@ -1,8 +1,11 @@
 """``topo run`` / ``status`` / ``bench`` and ``topo.run``: dispatch, summaries, one-line errors."""
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -118,7 +121,7 @@ def test_topo_run_rejects_bad_combinations(monkeypatch: pytest.MonkeyPatch) -> N
     with pytest.raises(ValueError, match="beside the local engine only"):
         topo.run(t, "spark", services=[object()])
     monkeypatch.setitem(sys.modules, "runtime.spark.engine", None)
-    with pytest.raises(EngineUnavailable, match="the spark engine is not available"):
+    with pytest.raises(EngineUnavailable, match="the spark engine (is not available|cannot be imported)"):
         topo.run(t, "spark")
 
 
@@ -128,3 +131,132 @@ def test_public_names() -> None:
 
     assert (topo.Spout, topo.Bolt, topo.Tuple, topo.EndOfStream, topo.TopologyBuilder) == \
         (Spout, Bolt, Tuple, EndOfStream, TopologyBuilder)
+
+
+# --- the error contract (issue 9, item 6): one line, exit 2 (input) or 1 (environment) ---
+
+def _busy_port() -> tuple[socket.socket, int]:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    return s, s.getsockname()[1]
+
+
+def test_a_busy_metrics_port_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    s, port = _busy_port()
+    with s:
+        assert main(["run", str(WORDCOUNT), *QUICK, "--quiet", "--metrics-port", str(port)]) == 1
+    assert capsys.readouterr() == ("", f"--metrics-port: cannot listen on 127.0.0.1:{port}: Address already in "
+                                       f"use (got {port})\n")
+
+
+def test_debug_shows_the_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    s, port = _busy_port()
+    with s, pytest.raises(Exception, match="Address already in use"):
+        main(["run", str(WORDCOUNT), *QUICK, "--quiet", "--metrics-port", str(port), "--debug"])
+
+
+def test_zookeeper_where_nothing_listens_is_one_line_within_the_connect_timeout(tmp_path: Path) -> None:
+    s, port = _busy_port()
+    s.close()                     # nothing listens there now
+    url = f"zookeeper://127.0.0.1:{port}/topo"
+    started = time.monotonic()
+    done = _topo("run", str(WORDCOUNT), "--max-tuples", "100", "--quiet", "--zk", url,
+                 "--config", "zookeeper.connect_timeout_s=1", cwd=tmp_path)
+    took = time.monotonic() - started
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == f"--zk: cannot reach ZooKeeper at 127.0.0.1:{port} within 1s (got {url!r})\n"
+    assert took < 1 + 4, took      # the timeout, plus starting Python
+
+
+@pytest.mark.parametrize("key", ["dead_letter_path", "status.path"])
+def test_an_unwritable_path_is_caught_at_start(key: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a-file").write_text("")
+    bad = str(tmp_path / "a-file" / "x.jsonl")
+    assert main(["run", str(WORDCOUNT), *QUICK, "--quiet", "--config", f"{key}={bad}"]) == 1
+    assert capsys.readouterr() == ("", f"--config: {key}: cannot write there: {tmp_path / 'a-file'} is not a "
+                                       f"directory (got {bad!r})\n")
+    assert not (tmp_path / "wordcount.db").exists()      # nothing ran
+
+
+def test_an_unwritable_path_in_the_file_names_its_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a-file").write_text("")
+    text = WORDCOUNT.read_text()
+    (tmp_path / "t.yaml").write_text(text.replace("path: wordcount.db", "path: a-file/wordcount.db"))
+    line = next(i for i, s in enumerate(text.splitlines(), 1) if "path: wordcount.db" in s)
+    assert main(["run", "t.yaml", *QUICK, "--quiet"]) == 1
+    out, err = capsys.readouterr()
+    assert err.startswith(f"t.yaml:{line}: bolts[")
+    assert err.endswith(f"].kwargs.path: cannot write there: a-file is not a directory (got 'a-file/wordcount.db')\n")
+
+
+SPARK_ONLY_LOCAL = """\
+name: t
+config: {engine: spark}
+spouts:
+  - {id: s, class: mine.Numbers}
+bolts:
+  - {id: b, class: mine.Square}
+streams:
+  - {from: s, to: b, grouping: {type: shuffle}}
+"""
+
+
+def test_a_topology_spark_cannot_run_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("pyspark")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.yaml").write_text(SPARK_ONLY_LOCAL)
+    (tmp_path / "mine.py").write_text(
+        "from topo import Bolt, Spout\n"
+        "class Numbers(Spout):\n    outputs = ['n']\n    def next_tuple(self):\n        self.collector.emit([1])\n"
+        "class Square(Bolt):\n    outputs = ['n']\n    def execute(self, tup):\n        pass\n")
+    assert main(["run", "t.yaml", "--quiet"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert err.startswith("t.yaml:2: config.engine: topology 't' cannot run on Spark: spout 's' ")
+    assert err.endswith(" (got 'spark')\n")
+
+
+def test_an_unexpected_error_is_one_line_with_a_hint(monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    def boom(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(topo, "run", boom)
+    assert main(["run", str(WORDCOUNT), "--quiet"]) == 1
+    assert capsys.readouterr().err == ("topo run: unexpected RuntimeError: boom (run again with --debug for "
+                                       "the traceback)\n")
+    with pytest.raises(RuntimeError):
+        main(["--debug", "run", str(WORDCOUNT), "--quiet"])
+
+
+# --- first day (issue 9, item 11) ---------------------------------------------------------
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out == f"topo {version('topo')}\n"
+
+
+def test_status_with_no_argument_shows_the_last_local_run(tmp_path: Path) -> None:
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
+    exe = [str(TOPO)] if TOPO.exists() else [sys.executable, "-m", "topo.cli"]
+    done = subprocess.run([*exe, "run", str(WORDCOUNT), *QUICK, "--quiet"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "state" / "topo" / "status" / "wordcount.json").exists()
+    shown = subprocess.run([*exe, "status"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("topology 'wordcount' (stopped, embedded coordinator, status file ")
+    assert "sentences" in shown.stdout and "sink" in shown.stdout

@@ -85,16 +85,22 @@ def test_status_from_topology_yaml_uses_status_path(tmp_path: Path, capsys: pyte
     assert row[:7] == ["spout", "1", "2,500.0/s", "10,000.0/s", "2", "BP", "0"]
 
 
-def test_status_errors_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_status_errors_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     assert status_command(ns("--file", str(tmp_path / "missing.json"))) == 1
     assert "no status file" in capsys.readouterr().err
     (tmp_path / "bad.json").write_text("{not json")
     assert status_command(ns("--file", str(tmp_path / "bad.json"))) == 1
+    capsys.readouterr()
     assert status_command(ns()) == 1
+    assert capsys.readouterr().err == (f"topo status: no local run has written its status under "
+                                       f"{tmp_path / 'state' / 'topo' / 'status'}; give a topology.yaml, "
+                                       "--file PATH or --zk URL --name NAME\n")
     yaml = tmp_path / "t.yaml"
     yaml.write_text("name: t\nspouts:\n  - id: s\n    class: topo.api.Spout\n")
-    assert status_command(ns(str(yaml))) == 1
-    assert "embedded coordinator keeps no shared state" in capsys.readouterr().err
+    assert status_command(ns(str(yaml))) == 1      # its default status file: no run yet
+    assert "t.json: no status file" in capsys.readouterr().err
 
 
 def test_render_columns() -> None:

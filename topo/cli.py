@@ -1,9 +1,14 @@
 """The ``topo`` command: run, validate, status, bench.
 
-A user's mistake (a bad topology file, a bad ``--config``) is one line on stderr and
-exit status 2, like a compiler error, never a traceback: the line already says
-file, line, key and value, and a traceback would bury it. Argument syntax errors
-are argparse's (also status 2). Anything else is a bug and keeps its traceback.
+A user's mistake (a bad topology file, a bad ``--config``, a topology the chosen
+engine cannot run) is one line on stderr and exit status 2, like a compiler error;
+a problem of the environment (a busy ``--metrics-port``, a ZooKeeper nobody answers
+at, a path that cannot be written, another run holding the topology's name) is one
+line and exit status 1. The line says where (file and line, or the flag), the key
+and the value; a traceback would bury it. What a run writes and listens on is
+checked before anything starts (``preflight``), not at the first dead letter.
+Argument syntax errors are argparse's (also status 2). Anything else is a bug: one
+line too, saying so; ``--debug`` shows the traceback instead.
 
 The working directory is put on ``sys.path`` (as ``python -m`` does) so a topology
 file can name classes of the project it is run from.
@@ -13,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -20,16 +26,31 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from topo import EngineUnavailable
-from topo.api import ComponentError, EmitError
+from topo.api import CheckpointError, ComponentError, EmitError
 from topo.config import ConfigError, coerce, parse_override
 from topo.spec import SpecError, TopologySpec, config_problem, load_spec
+from topo.topology import TopologyError
 
 USAGE_ERROR = 2
+ENVIRONMENT_ERROR = 1
 _ZK = re.compile(r"^zookeeper://[^/:\s]+(:\d+)?(/\S*)?$")
 
 
 class UsageError(Exception):
     """A bad command-line value, printed as one line ``--flag: message (got value)``."""
+
+
+class EnvironmentProblem(Exception):
+    """What the machine does not allow (a port, a path, a server): one line, exit status 1."""
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("topo")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def _positive_float(text: str) -> float:
@@ -50,6 +71,9 @@ def _positive_int(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="topo", description="Run and inspect topo stream topologies.")
+    parser.add_argument("--version", action="version", version=f"topo {_version()}")
+    parser.add_argument("--debug", action="store_true",
+                        help="show tracebacks and library logs instead of one-line errors (also after the command)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="run a topology file", description="Run a topology described by a YAML file.")
@@ -133,19 +157,97 @@ def cmd_run(args: argparse.Namespace) -> int:
     engine = config["engine"]
     if args.master and engine != "spark":
         raise UsageError(f"--master: only the spark engine takes a master URL (engine is {engine!r})")
-    services = local_services(config, args) if engine == "local" else []
+    if engine == "local":
+        preflight(spec, config, args)
+    services = local_services(config, args, spec.topology.name) if engine == "local" else []
     started = time.monotonic()
-    result = topo.run(spec.topology, engine, config=config, duration=args.duration,
-                      max_tuples=args.max_tuples, master=args.master, services=services,
-                      handle_signals=engine == "local")
+    try:
+        result = topo.run(spec.topology, engine, config=config, duration=args.duration,
+                          max_tuples=args.max_tuples, master=args.master, services=services,
+                          handle_signals=engine == "local")
+    except TopologyError as e:      # the engine cannot run this topology (Spark's plan)
+        if isinstance(e, SpecError):
+            raise
+        raise UsageError(f"{setting_source(spec, args, 'engine')}: {e} (got {engine!r})") from None
     if not args.quiet:
         print(summary(spec.topology, result, time.monotonic() - started))
     return 0
 
 
-def local_services(config: dict[str, Any], args: argparse.Namespace) -> list[Any]:
+_FLAGS = {"engine": "engine", "coordinator": "zk", "metrics.port": "metrics_port"}
+
+
+def setting_source(spec: TopologySpec, args: argparse.Namespace, key: str) -> str:
+    """Where ``key``'s value came from, as a message prefix: the flag, ``--config: key``,
+    ``file:line: config.key``, or ``file: config.key`` for a default."""
+    flag = _FLAGS.get(key)
+    if flag and getattr(args, flag, None) is not None:
+        return "--" + flag.replace("_", "-")
+    if any(text.split("=", 1)[0].strip() == key for text in getattr(args, "config", [])):
+        return f"--config: {key}"
+    line = spec.config_lines.get(key)
+    return f"{spec.path}:{line}: config.{key}" if line else f"{spec.path}: config.{key}"
+
+
+def unwritable(path: str | os.PathLike[str]) -> str | None:
+    """Why a file cannot be created or appended to at ``path`` (its missing parent
+    directories may be created), or None. Nothing is created."""
+    p = Path(path)
+    if p.is_dir():
+        return f"{p} is a directory"
+    if p.exists():
+        return None if os.access(p, os.W_OK) else f"{p} is not writable"
+    parent = p.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{parent} is not writable"
+    return None
+
+
+def preflight(spec: TopologySpec, config: dict[str, Any], args: argparse.Namespace) -> None:
+    """Check what a local run will write and listen on before anything starts; raises
+    ``EnvironmentProblem`` with one line naming where the value came from."""
+    def refuse(where: str, reason: str, value: Any) -> None:
+        raise EnvironmentProblem(f"{where}: {reason} (got {value!r})")
+
+    for key in ("dead_letter_path", "status.path"):
+        if config.get(key):
+            reason = unwritable(config[key])
+            if reason:
+                refuse(setting_source(spec, args, key), f"cannot write there: {reason}", config[key])
+    for c in spec.topology.components.values():
+        for arg, path in c.writes_to.items():
+            reason = unwritable(path)
+            if reason:
+                refuse(spec.where(c.id, f"kwargs.{arg}"), f"cannot write there: {reason}", path)
+    port = config.get("metrics.port") or 0
+    if port:
+        host = str(config.get("metrics.host") or "127.0.0.1")
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((host, port))
+            except OSError as e:
+                refuse(setting_source(spec, args, "metrics.port"),
+                       f"cannot listen on {host}:{port}: {e.strerror or e}", port)
+    url = str(config.get("coordinator", ""))
+    if url.startswith("zookeeper://") and config.get("backpressure.policy") == "stepwise":
+        from backpressure.coordinator.base import StoreUnavailable
+        from backpressure.coordinator.zookeeper import probe
+
+        try:
+            probe(url, float(config["zookeeper.connect_timeout_s"]))
+        except StoreUnavailable as e:
+            refuse(setting_source(spec, args, "coordinator"), str(e), url)
+
+
+def local_services(config: dict[str, Any], args: argparse.Namespace, name: str) -> list[Any]:
     """What runs beside a local topology: the live console, the Prometheus exporter
-    (``metrics.port``) and the status file ``topo status`` reads (``status.path``)."""
+    (``metrics.port``) and the status file ``topo status`` reads (``status.path``, or
+    the default place for topology ``name``)."""
     services: list[Any] = []
     if not args.quiet:
         from runtime.observe.console import Console
@@ -156,10 +258,12 @@ def local_services(config: dict[str, Any], args: argparse.Namespace) -> list[Any
     exporter = MetricsService.from_config(config)
     if exporter is not None:
         services.append(exporter)
-    if config.get("status.path"):
-        from topo.status import StatusWriter
+    from topo.status import StatusWriter, default_status_path
 
+    if config.get("status.path"):
         services.append(StatusWriter(config["status.path"]))
+    else:       # the default place, for `topo status` with no argument; a run goes on without it
+        services.append(StatusWriter(default_status_path(name), best_effort=True))
     return services
 
 
@@ -215,6 +319,8 @@ _PASSTHROUGH = {"status": cmd_status, "bench": cmd_bench}
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv       # anywhere: before or after the command
+    argv = [a for a in argv if a != "--debug"]
     if argv and argv[0] in _PASSTHROUGH:  # argparse's REMAINDER would reject a leading --option
         args = argparse.Namespace(command=argv[0], rest=argv[1:], func=_PASSTHROUGH[argv[0]])
     else:
@@ -222,25 +328,54 @@ def main(argv: Sequence[str] | None = None) -> int:
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
         sys.path.insert(0, cwd)
+    if debug:
+        import logging
+
+        logging.basicConfig(level=logging.DEBUG)
+        logging.getLogger("kazoo").setLevel(logging.DEBUG)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
+    except Exception as e:
+        if debug:
+            raise
+        return _one_line(args, e)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _one_line(args: argparse.Namespace, error: Exception) -> int:
+    """Print ``error`` as the one line of the error contract; return the exit status."""
+    from backpressure.coordinator.base import RunConflict, StoreUnavailable
+
+    try:
+        raise error
     except SpecError as e:
         print(e, file=sys.stderr)
     except ConfigError as e:  # from parse_override: a --config pair
         print(config_problem("--config", None, e), file=sys.stderr)
     except UsageError as e:
         print(e, file=sys.stderr)
+    except EnvironmentProblem as e:
+        print(e, file=sys.stderr)
+        return ENVIRONMENT_ERROR
+    except (RunConflict, StoreUnavailable, OSError) as e:
+        print(f"topo {args.command}: {e}", file=sys.stderr)
+        return ENVIRONMENT_ERROR
     except EngineUnavailable as e:
         print(f"topo {args.command}: {e}", file=sys.stderr)
         return 1
-    except (EmitError, ComponentError) as e:
+    except (EmitError, ComponentError, CheckpointError) as e:
         # A component emitted what the wire cannot carry, or its open/prepare/next_tuple
         # failed for good: the message names the component; the engine has cleaned up.
         print(f"topo {args.command}: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        return 130
+    except Exception as e:
+        text = str(e).replace("\n", " ")
+        text = text if len(text) <= 300 else text[:297] + "..."
+        print(f"topo {args.command}: unexpected {type(e).__name__}: {text} "
+              "(run again with --debug for the traceback)", file=sys.stderr)
+        return 1
     return USAGE_ERROR
 
 

@@ -229,7 +229,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("zookeeper.connect_timeout_s", 5.0, _float, "how long topo run waits for ZooKeeper at start before it gives up", check=_between(0, 300, above=True)),
     Setting("metrics.port", 0, _int, "Prometheus exporter port on 127.0.0.1; 0 turns it off", check=_port),
     Setting("metrics.host", "127.0.0.1", _str, "address the Prometheus exporter listens on"),
-    Setting("status.path", None, _str, "file the run writes its task states to every second (for topo status)", nullable=True),
+    Setting("status.path", None, _str, "file topo run writes its task states to every second (for topo status); null: $XDG_STATE_HOME/topo/status/<topology>.json", nullable=True),
     Setting("seed", None, _int, "seed for shuffle start positions; null picks one at random", nullable=True,
             check=_between(0, 2**63 - 1)),
     Setting("gc.young_threshold", 100_000, _int, "during a local run, allocations between young-generation GC passes (Python's default 700); 0 leaves GC alone", check=_between(0, 10_000_000)),

@@ -165,6 +165,14 @@ class TopologySpec:
     topology: Topology
     config_lines: dict[str, int]
     config_line: int | None
+    # component id -> (key prefix such as "bolts[2]", its line, the lines of its keys)
+    component_places: dict[str, tuple[str, int, dict[str, int]]] = field(default_factory=dict)
+
+    def where(self, component: str, part: str) -> str:
+        """``file:line: bolts[2].kwargs.path``: where a component's ``part`` was written."""
+        prefix, line, lines = self.component_places.get(component, (component, None, {}))
+        line = lines.get(part) or lines.get(part.split(".", 1)[0], line)
+        return f"{self.path}:{line}: {prefix}.{part}" if line else f"{self.path}: {prefix}.{part}"
 
     def resolve_config(self, overrides: Mapping[str, Any] | None = None,
                        source: str = "--config") -> dict[str, Any]:
@@ -463,7 +471,8 @@ class _Reader:
                 self.locate(message)
             raise self.fail() from None
         config_line = self.top_lines.get("config")
-        spec = TopologySpec(self.path, topology, config_lines, config_line)
+        spec = TopologySpec(self.path, topology, config_lines, config_line,
+                            {c.id: (c.prefix, c.line, c.lines) for c in self.components.values()})
         spec.resolve_config()  # cross-setting checks (low mark below high mark) belong to the file
         return spec
 
@@ -540,6 +549,9 @@ class _Reader:
                 self.error(m["args"][1], f"{prefix}.args", "expected a list of constructor arguments", value)
             elif value is not _NO_VALUE:
                 args = value
+        if "kwargs" in m and isinstance(m["kwargs"][1], MappingNode):
+            lines.update({f"kwargs.{k.value}": k.start_mark.line + 1 for k, _ in m["kwargs"][1].value
+                          if isinstance(k, ScalarNode)})
         if "kwargs" in m and not _is_null(m["kwargs"][1]):
             value = self.value(m["kwargs"][1], f"{prefix}.kwargs")
             if value is not _NO_VALUE and not (isinstance(value, dict) and all(isinstance(k, str) for k in value)):

@@ -11,10 +11,14 @@ flag, queue bytes, marks):
 * A status file: a run with the embedded coordinator has no shared store, so the
   ``StatusWriter`` service writes the run's task states to ``status.path`` every
   second (atomically: write, then rename); ``--file PATH`` or a topology.yaml whose
-  ``status.path`` is set reads it.
+  ``status.path`` is set reads it. When ``status.path`` is null, ``topo run`` writes
+  to the default place, ``$XDG_STATE_HOME/topo/status/<topology>.json`` (XDG_STATE_HOME
+  defaults to ``~/.local/state``), and ``topo status`` with no argument shows the
+  run that started last there.
 
 Usage::
 
+    topo status                               # the last local run
     topo status topology.yaml                 # uses its coordinator / status.path
     topo status --zk zookeeper://127.0.0.1:2181/topo --name wordcount
     topo status --file /tmp/wordcount.status.json [--json]
@@ -32,10 +36,39 @@ from typing import Any, Sequence
 
 COLUMNS = ("component", "task", "rate", "originv", "k", "flag", "queue", "low/high mark")
 STALE_S = 5.0
+MAX_FILE_BYTES = 16 * 1024 * 1024
 
 
 class StatusError(Exception):
     """Nothing to show (no such topology, no file): the message says why."""
+
+
+def default_status_dir() -> Path:
+    """Where local runs write their status when ``status.path`` is null."""
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(state) / "topo" / "status"
+
+
+def default_status_path(topology: str) -> Path:
+    return default_status_dir() / f"{topology}.json"
+
+
+def last_run() -> Path:
+    """The status file in the default place of the run that started last."""
+    where = default_status_dir()
+    newest: tuple[float, Path] | None = None
+    for p in where.glob("*.json") if where.is_dir() else ():
+        try:
+            with p.open("rb") as f:
+                started = float(json.loads(f.read(MAX_FILE_BYTES)).get("started", 0))
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue
+        if newest is None or started > newest[0]:
+            newest = (started, p)
+    if newest is None:
+        raise StatusError(f"no local run has written its status under {where}; "
+                          "give a topology.yaml, --file PATH or --zk URL --name NAME")
+    return newest[1]
 
 
 # -- the run side: write the task states every second ---------------------------------------
@@ -43,15 +76,23 @@ class StatusError(Exception):
 class StatusWriter:
     """An engine service that writes every task's state to ``path`` once per ``interval``."""
 
-    def __init__(self, path: str | os.PathLike[str], interval: float = 1.0) -> None:
+    def __init__(self, path: str | os.PathLike[str], interval: float = 1.0, *, best_effort: bool = False) -> None:
         self.path = Path(path)
         self.interval = interval
+        self.best_effort = best_effort   # the default place: a run goes on without it
+        self.started = time.time()
         self._task: asyncio.Task[None] | None = None
         self._engine: Any = None
 
     async def start(self, engine: Any) -> None:
         self._engine = engine
-        self.write()
+        try:
+            self.write()
+        except OSError:
+            if not self.best_effort:
+                raise
+            self._engine = None     # cannot write the default place: no status file this run
+            return
         self._task = asyncio.create_task(self._loop())
 
     async def stop(self) -> None:
@@ -63,19 +104,28 @@ class StatusWriter:
                 pass
             self._task = None
         if self._engine is not None:
-            self.write(running=False)
+            try:
+                self.write(running=False)
+            except OSError:
+                if not self.best_effort:
+                    raise
 
     async def _loop(self) -> None:
         while True:
             await asyncio.sleep(self.interval)
-            self.write()
+            try:
+                self.write()
+            except OSError:
+                if not self.best_effort:
+                    raise
 
     def document(self, running: bool = True) -> dict[str, Any]:
         engine = self._engine
         # The same records the live console reads: TaskStats.snapshot().
         tasks = [s.snapshot() for s in engine.stats]
         return {"topology": engine.topology.name, "coordinator": engine.config.get("coordinator"),
-                "running": running, "written": time.time(), "pid": os.getpid(), "tasks": tasks}
+                "running": running, "started": self.started, "written": time.time(), "pid": os.getpid(),
+                "tasks": tasks}
 
     def write(self, running: bool = True) -> None:
         doc = self.document(running)
@@ -88,10 +138,11 @@ class StatusWriter:
 # -- the command side ---------------------------------------------------------------------------
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="topo status", description="show the task states of a running topology")
+    p = argparse.ArgumentParser(prog="topo status", description="show the task states of a running topology; "
+                                "with no argument, of the last local run")
     p.add_argument("topology", nargs="?", help="topology.yaml (its name, coordinator and status.path)")
     p.add_argument("--zk", metavar="URL", help="read taskstate from ZooKeeper: zookeeper://host:port/root")
-    p.add_argument("--name", help="topology name (with --zk, when no topology.yaml is given)")
+    p.add_argument("--name", help="topology name (with --zk, or alone for a local run's default status file)")
     p.add_argument("--file", metavar="PATH", help="read the status file a run writes (status.path)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for ZooKeeper")
@@ -129,18 +180,15 @@ def collect(ns: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
             coordinator = str(config.get("coordinator", "embedded"))
             if coordinator.startswith("zookeeper://"):
                 zk = coordinator
-            elif config.get("status.path"):
-                path = config["status.path"]
             else:
-                raise StatusError(f"{ns.topology}: the embedded coordinator keeps no shared state; "
-                                  "set status.path in its config (or pass --file) to see a running topology")
+                path = config.get("status.path") or default_status_path(name)
     if path:
         return read_file(path)
     if zk:
         if not name:
             raise StatusError("--zk needs the topology's name (--name NAME or a topology.yaml)")
         return read_zookeeper(zk, name, float(getattr(ns, "timeout", 5.0)))
-    raise StatusError("give a topology.yaml, --file PATH or --zk URL --name NAME")
+    return read_file(default_status_path(name) if name else last_run())
 
 
 def read_file(path: str | os.PathLike[str]) -> tuple[str, list[dict[str, Any]]]:
@@ -149,7 +197,7 @@ def read_file(path: str | os.PathLike[str]) -> tuple[str, list[dict[str, Any]]]:
         raw = p.read_bytes()
     except FileNotFoundError:
         raise StatusError(f"{p}: no status file (is the topology running with status.path set?)") from None
-    if len(raw) > 16 * 1024 * 1024:
+    if len(raw) > MAX_FILE_BYTES:
         raise StatusError(f"{p}: status file too large ({len(raw)} bytes)")
     try:
         doc = json.loads(raw)

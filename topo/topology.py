@@ -7,6 +7,8 @@ runtime whose point is flow control must not ship that trap.
 A component may name the fields it reads from every input in ``input_fields`` (a
 sink's columns, say): the topology checks that each input stream declares them, so
 a misspelled field is a validation error rather than every tuple failing at run time.
+It may name the files it will write in ``writes_to`` (``{argument: path}``): ``topo
+run`` checks they can be written before the run starts.
 
 Parallelism is at most ``MAX_PARALLELISM`` tasks per component: each task has its
 queue, its outbox lanes to every downstream task and its asyncio task, so a typo of
@@ -53,6 +55,7 @@ class ComponentSpec:
     inputs: list[Input] = field(default_factory=list)
     class_name: str = ""
     input_fields: tuple[str, ...] = ()   # fields the component reads from every input
+    writes_to: dict[str, str] = field(default_factory=dict)   # argument -> a file it will write
 
     def instance(self) -> Spout | Bolt:
         return self.make()
@@ -114,7 +117,8 @@ class TopologyBuilder:
             raise TopologyError(f"component {cid!r}: {type(proto).__name__} is not a {expected.__name__}")
         spec = ComponentSpec(cid, kind, make, parallelism, proto.declare_outputs(),
                              class_name=f"{type(proto).__module__}.{type(proto).__qualname__}",
-                             input_fields=tuple(getattr(proto, "input_fields", ()) or ()))
+                             input_fields=tuple(getattr(proto, "input_fields", ()) or ()),
+                             writes_to=dict(getattr(proto, "writes_to", {}) or {}))
         self._components.setdefault(cid, spec)
         return spec
 

@@ -66,6 +66,10 @@ class StoreUnavailable(Exception):
     """No session right now (connection lost, session expired, store closed)."""
 
 
+class RunConflict(Exception):
+    """Another live run holds this topology's tasks under the same root: one line saying whose."""
+
+
 @dataclass(frozen=True)
 class WatchEvent:
     """A one-shot watch firing: ``type`` is one of CHILD, CHANGED, DELETED, CREATED, SESSION."""

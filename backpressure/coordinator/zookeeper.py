@@ -13,6 +13,12 @@ or ``SessionExpiredError`` when the connection or the session goes; those become
 retries connecting forever (``connection_retry`` without a try limit), so a
 ZooKeeper restart mid-run only pauses signals; tuples keep flowing at the rates
 last set, which live in the engine's limiters, not in ZooKeeper.
+
+kazoo logs every failed connection attempt; those lines go to a logger of ours
+(``backpressure.coordinator.zookeeper.kazoo``) that is quiet unless a user turns it
+up (``topo --debug`` does). The store logs one line per change of the connection
+instead. ``probe`` answers "is anyone there?" within a timeout, for ``topo run``'s
+checks before a run starts.
 """
 from __future__ import annotations
 
@@ -31,6 +37,9 @@ from backpressure.coordinator.base import (CHANGED, CHILD, CONNECTED, CREATED, D
                                            StoreUnavailable, WatchEvent, Watcher)
 
 log = logging.getLogger(__name__)
+kazoo_log = logging.getLogger(__name__ + ".kazoo")
+if kazoo_log.level == logging.NOTSET:
+    kazoo_log.setLevel(logging.CRITICAL)
 
 _UNAVAILABLE = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, OperationTimeoutError)
 _EVENTS = {EventType.CREATED: CREATED, EventType.DELETED: DELETED, EventType.CHANGED: CHANGED,
@@ -47,6 +56,21 @@ def parse_zookeeper_url(url: str) -> tuple[str, str]:
     return parsed.netloc, root
 
 
+def probe(url: str, timeout: float) -> None:
+    """Connect to the ZooKeeper at ``url`` and leave; ``StoreUnavailable`` (one line)
+    when nobody answers within ``timeout`` seconds."""
+    hosts, _ = parse_zookeeper_url(url)
+    client = KazooClient(hosts=hosts, timeout=max(timeout, 1.0), logger=kazoo_log,
+                         connection_retry={"max_tries": -1, "delay": 0.05, "max_delay": 0.5})
+    try:
+        client.start(timeout)
+    except Exception:
+        raise StoreUnavailable(f"cannot reach ZooKeeper at {hosts} within {timeout:g}s") from None
+    finally:
+        client.stop()
+        client.close()
+
+
 class KazooStore:
     """A ``Store`` on kazoo's asynchronous API."""
 
@@ -56,19 +80,24 @@ class KazooStore:
         self.client = KazooClient(hosts=hosts, timeout=session_timeout,
                                   connection_retry={"max_tries": -1, "delay": 0.05, "backoff": 1.5,
                                                     "max_delay": 1.0},
-                                  command_retry=None)
+                                  command_retry=None, logger=kazoo_log)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._listeners: list[Callable[[str], None]] = []
+        self._connected_once = False
+        self._closing = False
         self.client.add_listener(self._on_kazoo_state)
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         try:
             await self._loop.run_in_executor(None, self.client.start, self.connect_timeout)
-        except Exception as e:
-            raise StoreUnavailable(f"cannot reach ZooKeeper at {self.hosts}: {e}") from e
+        except Exception:
+            await self._loop.run_in_executor(None, self._stop_and_close)   # no retrying behind our back
+            raise StoreUnavailable(f"cannot reach ZooKeeper at {self.hosts} "
+                                   f"within {self.connect_timeout:g}s") from None
 
     async def close(self) -> None:
+        self._closing = True
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._stop_and_close)
 
@@ -130,6 +159,15 @@ class KazooStore:
         name = _STATES.get(state)
         if name is None or self._loop is None:
             return
+        if name == CONNECTED:
+            self._connected_once = True
+        elif not self._connected_once or self._closing:
+            pass                    # a failed start or our own close: said elsewhere, or nothing to say
+        elif name == SUSPENDED:
+            log.warning("ZooKeeper %s: connection lost; signals wait until it is back", self.hosts)
+        elif name == LOST:
+            log.warning("ZooKeeper %s: session expired; task states are published again on reconnection",
+                        self.hosts)
         for cb in self._listeners:
             try:
                 self._loop.call_soon_threadsafe(cb, name)
