@@ -236,3 +236,22 @@ def test_a_spout_without_offsets_cannot_be_checkpointed(tmp_path: Path) -> None:
 
     with pytest.raises(CheckpointError, match=r"spout 'src' \(NoOffsets\) keeps no offsets"):
         _engine(tmp_path, NoOffsets(), Summer())
+
+
+def _emitted_by_spout(stdout: str) -> int:
+    """The spout's emitted count from ``topo run``'s closing summary table."""
+    row = next(line for line in stdout.splitlines() if line.startswith("sentences"))
+    return int(row.split()[2].replace(",", ""))
+
+
+def test_a_finished_run_resumes_at_its_end_and_from_scratch_starts_over(tmp_path: Path) -> None:
+    def run(*extra: str) -> subprocess.CompletedProcess:
+        proc = subprocess.run(TOPO + ["run", WORDCOUNT, "--config", "checkpoint.interval_ms=200", *extra],
+                              cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc
+
+    assert _emitted_by_spout(run().stdout) == 10_000
+    assert _emitted_by_spout(run().stdout) == 0                     # resumed at the end: nothing left
+    assert _emitted_by_spout(run("--from-scratch").stdout) == 10_000
+    assert _counts(tmp_path / "wordcount.db") == dict(expected_counts(repeat=2000))

@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--master", help="Spark master URL, e.g. local[2] or spark://host:7077 (spark engine)")
     run.add_argument("--duration", type=_positive_float, metavar="S", help="stop (with drain) after S seconds")
     run.add_argument("--max-tuples", type=_positive_int, metavar="N", help="stop after N spout tuples")
+    run.add_argument("--from-scratch", action="store_true",
+                     help="discard this topology's checkpoints and start from the beginning "
+                          "(same as --config checkpoint.restore=false)")
     _config_argument(run)
     run.add_argument("--zk", metavar="URL", help="coordinate through ZooKeeper: zookeeper://host:port/root")
     run.add_argument("--metrics-port", type=int, metavar="N", help="serve Prometheus metrics on port N")
@@ -154,6 +157,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     import topo
 
     spec, config = _load(args)
+    if args.from_scratch:
+        config["checkpoint.restore"] = False
     engine = config["engine"]
     if args.master and engine != "spark":
         raise UsageError(f"--master: only the spark engine takes a master URL (engine is {engine!r})")

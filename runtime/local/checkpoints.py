@@ -53,6 +53,7 @@ class CheckpointStats:
     abandoned: int = 0
     last_id: int = 0
     durations_s: list[float] = field(default_factory=list)   # pause -> resume, per checkpoint
+    snapshot_s: list[float] = field(default_factory=list)    # of which packing the states (on the loop)
     write_s: list[float] = field(default_factory=list)       # store write, off the loop
 
 
@@ -119,13 +120,17 @@ class Checkpointer:
         run.paused = True
         try:
             while not (self._spouts_holding() and self.quiescent()):
-                if time.monotonic() - started > self.timeout_s or (run.stopping and not final):
+                if run.stopping and not final:
+                    return False    # the run is ending: its own drain, then the final checkpoint
+                if time.monotonic() - started > self.timeout_s:
                     self.stats.abandoned += 1
-                    log.warning("checkpoint abandoned: the topology did not drain within %.1f s",
-                                time.monotonic() - started)
+                    log.warning("checkpoint abandoned: the topology did not drain within %.1f s "
+                                "(checkpoint.timeout_s)", self.timeout_s)
                     return False
                 await asyncio.sleep(_DRAIN_POLL_S)
+            t_snap = time.monotonic()
             states = self.snapshot()
+            self.stats.snapshot_s.append(time.monotonic() - t_snap)
         finally:
             run.paused = False
             for s in self.spouts:
