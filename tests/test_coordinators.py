@@ -3,6 +3,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
+import socket
+import time
 from typing import AsyncIterator
 
 import pytest
@@ -289,3 +293,117 @@ async def test_engine_run_through_the_factory_on_zookeeper_leaves_no_state(zooke
         await loop.run_in_executor(None, client.stop)
         client.close()
     assert states == [] and messages == []
+
+
+# --- one run per topology name (issue 9, item 5) ---------------------------------------------
+
+def _dead_pid() -> int:
+    import subprocess
+
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+async def test_a_second_run_of_the_same_topology_is_refused_until_the_first_stops(backend: Backend) -> None:
+    from backpressure.coordinator.base import RunConflict
+
+    a = backend.coordinator()
+    await a.start([1, 2], Seen())
+    try:
+        b = backend.coordinator()
+        with pytest.raises(RunConflict) as info:
+            await b.start([1, 2], Seen())
+        message = str(info.value)
+        assert "\n" not in message
+        assert message.startswith("topology 't' is already running under ")
+        assert f"task 1 is held by pid {os.getpid()} on host {socket.gethostname()} since " in message
+        assert message.endswith("; stop that run first or give this one another name (the claim of a run "
+                                "that died goes with its ZooKeeper session)")
+        other = backend.coordinator("another-name")        # another topology is no conflict
+        await other.start([1, 2], Seen())
+        await other.stop()
+    finally:
+        await a.stop()
+    c = backend.coordinator()
+    await c.start([1, 2], Seen())                          # the first run's claims went with it
+    await c.stop()
+
+
+async def test_a_dead_runs_claim_is_waited_out_and_a_live_ones_is_not(backend: Backend) -> None:
+    from backpressure.coordinator.base import RunConflict
+
+    holder = backend.coordinator()                         # plays a killed run whose session lingers
+    await holder.store.start()
+    lock = holder.layout.lock(1)
+    claim = {"host": socket.gethostname(), "pid": _dead_pid(), "started": time.time()}
+    await holder.store.create(lock, json.dumps(claim).encode(), ephemeral=True, makepath=True)
+    try:
+        b = backend.coordinator()
+        b.claim_wait = 20.0
+        starting = asyncio.ensure_future(b.start([1], Seen()))
+        await asyncio.sleep(1.0)
+        assert not starting.done()                         # waiting for the dead run's session
+        await holder.store.close()                         # its session ends: the claim goes
+        await asyncio.wait_for(starting, 10)
+        assert json.loads(await b.store.get(lock))["pid"] == os.getpid()
+        await b.stop()
+
+        live = backend.coordinator()
+        await live.start([1], Seen())
+        c = backend.coordinator()
+        c.claim_wait = 20.0
+        started = time.monotonic()
+        with pytest.raises(RunConflict):
+            await c.start([1], Seen())                     # a live holder: refused at once
+        assert time.monotonic() - started < 2
+        await live.stop()
+    finally:
+        await holder.store.close()
+
+
+async def test_claims_are_taken_again_after_a_session_expiry(backend: Backend) -> None:
+    async with one_process(backend, [1]) as a:
+        await backend.expire(a)
+        await until(lambda: a.counters["resyncs"] >= 1, 20, what="a resynced after expiry")
+        await until(lambda: bool(a._tasks) and a._tasks[-1].done(), 20, what="claims retaken")
+        assert json.loads(await a.store.get(a.layout.lock(1)))["pid"] == os.getpid()
+
+
+@pytest.mark.zookeeper
+def test_a_second_topo_run_of_one_name_on_zookeeper_is_one_line(zookeeper, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    exe = repo / ".venv" / "bin" / "topo"
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "topo.cli"]
+    zookeeper.start()
+    url = zookeeper.url("/topo-twice")
+    args = ["run", str(repo / "configs" / "wordcount.yaml"), "--quiet", "--zk", url]
+    first = subprocess.Popen([*cmd, *args, "--duration", "60"], cwd=tmp_path, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        from kazoo.client import KazooClient
+
+        client = KazooClient(hosts=zookeeper.hosts)
+        client.start(10)
+        try:
+            deadline = time.monotonic() + 30
+            while not client.exists("/topo-twice/wordcount/tasklock/1"):
+                assert time.monotonic() < deadline and first.poll() is None, "the first run did not start"
+                time.sleep(0.1)
+        finally:
+            client.stop()
+            client.close()
+        second = subprocess.run([*cmd, *args, "--max-tuples", "100"], cwd=tmp_path / "..", capture_output=True,
+                                text=True, timeout=60)
+        assert (second.returncode, second.stdout) == (1, "")
+        assert second.stderr.count("\n") == 1, second.stderr
+        assert second.stderr.startswith(f"topo run: topology 'wordcount' is already running under "
+                                        f"{zookeeper.hosts}/topo-twice: task 1 is held by pid {first.pid} ")
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=60)

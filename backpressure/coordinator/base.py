@@ -14,6 +14,18 @@ The document's message path, under ``/<root>/<topology>/``:
    znode, so it vanishes with the process that owns it);
 6. every task watches ``taskstate/`` (one watch per process, fanned out).
 
+One run per topology name: before anything else a process claims each of its tasks
+with an ephemeral znode ``tasklock/<task_id>`` holding who it is (host, pid, start
+time). Two runs of one topology under one root would consume each other's signals
+and throttle each other, so a claim held by another live run refuses the start with
+``RunConflict`` (one line naming the holder). Processes that share a topology by
+running disjoint tasks do not conflict. A claim is ephemeral, so a dead run's claim
+goes with its session; until then (a ZooKeeper session outlives a killed process by
+up to its timeout) a claim whose holder is a process on this host that no longer
+exists is waited out for ``claim_wait`` seconds; a holder on another host cannot be
+checked and refuses the start at once (the message says its claim expires with its
+session). After a session expiry a run claims its tasks again.
+
 The target's id is in the znode *name* so that several processes sharing one
 ZooKeeper each consume only their own tasks' messages without reading the rest.
 ``ZnodeLayout`` spells these paths; the coordinators and ``topo status`` use it.
@@ -33,8 +45,12 @@ is logged and deleted (messages) or ignored (states).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 import re
+import socket
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Iterable, Protocol, TypeVar
@@ -116,7 +132,9 @@ class ZnodeLayout:
 
     * ``{root}/{topology}/taskmessage/m<target>-<sequence>``: persistent sequential
       znodes, one per signal, the target task's id in the name;
-    * ``{root}/{topology}/taskstate/<task_id>``: one ephemeral znode per task.
+    * ``{root}/{topology}/taskstate/<task_id>``: one ephemeral znode per task;
+    * ``{root}/{topology}/tasklock/<task_id>``: the ephemeral claim of the run that
+      runs the task (one run per topology name).
     """
 
     topology: str
@@ -139,6 +157,15 @@ class ZnodeLayout:
     def states(self) -> str:
         """The ``taskstate`` directory."""
         return f"{self.base}/taskstate"
+
+    @property
+    def locks(self) -> str:
+        """The ``tasklock`` directory."""
+        return f"{self.base}/tasklock"
+
+    def lock(self, task: int | str) -> str:
+        """The claim znode of ``task``."""
+        return f"{self.locks}/{task}"
 
     def state(self, task: int | str) -> str:
         """The state znode of ``task`` (an id, or a child name read from ``states``)."""
@@ -191,9 +218,13 @@ class SendQueue:
 class Coordinator:
     """Carries signals and task states between tasks through a ``Store``."""
 
-    def __init__(self, store: Store, topology: str, root: str = DEFAULT_ROOT) -> None:
+    def __init__(self, store: Store, topology: str, root: str = DEFAULT_ROOT, *, claim_wait: float = 0.0) -> None:
         self.store = store
         self.layout = ZnodeLayout(topology, root)
+        self.claim_wait = claim_wait               # how long a dead local holder's claim is waited out
+        self.claim = json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                                 "started": round(time.time(), 3)}).encode()
+        self._claimed: set[int] = set()
         self.send_queue = SendQueue()
         self.trigger_queue: asyncio.Queue[Signal] = asyncio.Queue()
         self.connected = asyncio.Event()
@@ -225,11 +256,17 @@ class Coordinator:
         self.store.listen(self._on_session)
         await self.store.start()
         self.connected.set()
-        for path in (self.layout.messages, self.layout.states):
-            try:
-                await self.store.create(path, b"", makepath=True)
-            except NodeExists:
-                pass
+        try:
+            for path in (self.layout.messages, self.layout.states, self.layout.locks):
+                try:
+                    await self.store.create(path, b"", makepath=True)
+                except NodeExists:
+                    pass
+            await self._claim_tasks()
+        except BaseException:
+            await self._release_claims()
+            await self.store.close()
+            raise
         await self._purge_stale_messages()
         self._started = True
         for coro in (self._create_handler(), self._delete_handler(), self._state_reader(),
@@ -254,8 +291,75 @@ class Coordinator:
                 await asyncio.wait_for(self.store.delete(self.layout.state(task)), 0.5)
             except (NoNode, StoreUnavailable, asyncio.TimeoutError):
                 pass
+        await self._release_claims()
         await self.store.close()
         self._started = False
+
+    # -- one run per topology name -----------------------------------------------------
+
+    async def _claim_tasks(self) -> None:
+        """Create ``tasklock/<task>`` for each local task; ``RunConflict`` if another live
+        run holds one (a dead holder on this host is waited out for ``claim_wait``)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.claim_wait
+        waiting_said = False
+        for task in sorted(self._local):
+            while True:
+                try:
+                    await self.store.create(self.layout.lock(task), self.claim, ephemeral=True)
+                    self._claimed.add(task)
+                    break
+                except NodeExists:
+                    pass
+                try:
+                    held = await self.store.get(self.layout.lock(task))
+                except NoNode:
+                    continue                        # gone meanwhile: claim it
+                holder = _holder(held)
+                if _gone_from_this_host(holder) and loop.time() < deadline:
+                    if not waiting_said:
+                        log.warning("topology %r: task %d is still claimed by pid %s, which has exited; waiting "
+                                    "up to %.0fs for its session to expire", self.layout.topology, task,
+                                    holder.get("pid"), self.claim_wait)
+                        waiting_said = True
+                    await asyncio.sleep(0.2)
+                    continue
+                raise RunConflict(self._conflict(task, holder))
+
+    def _conflict(self, task: int, holder: dict) -> str:
+        where = getattr(self.store, "hosts", None)
+        under = f"{where}{self.layout.root}" if where else self.layout.root
+        since = (time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(holder["started"]))
+                 if isinstance(holder.get("started"), (int, float)) else "an unknown time")
+        who = (f"pid {holder.get('pid')} on host {holder.get('host')} since {since}" if holder
+               else "a run that did not say who it is")
+        return (f"topology {self.layout.topology!r} is already running under {under}: task {task} is held by "
+                f"{who}; stop that run first or give this one another name (the claim of a run that died "
+                "goes with its ZooKeeper session)")
+
+    async def _release_claims(self) -> None:
+        for task in sorted(self._claimed):
+            try:
+                await asyncio.wait_for(self.store.delete(self.layout.lock(task)), 0.5)
+            except (NoNode, StoreUnavailable, asyncio.TimeoutError):
+                pass
+        self._claimed.clear()
+
+    async def _reclaim(self) -> None:
+        """After a session expiry our claims are gone: take them again."""
+        for task in sorted(self._claimed):
+            try:
+                await self.store.create(self.layout.lock(task), self.claim, ephemeral=True)
+            except NodeExists:
+                try:
+                    held = await self.store.get(self.layout.lock(task))
+                except (NoNode, StoreUnavailable):
+                    continue
+                if held != self.claim:
+                    log.error("topology %r: task %d was claimed by another run while our session was gone: %s",
+                              self.layout.topology, task, self._conflict(task, _holder(held)))
+            except StoreUnavailable:
+                return                              # the next reconnection tries again
 
     async def flush(self, timeout: float) -> bool:
         """Wait until the send-queue and pending state writes are empty; False on timeout."""
@@ -493,6 +597,7 @@ class Coordinator:
             self._dirty.update(self._published)
             self._pub_wake.set()
             self._known_states_resync()
+            self._tasks.append(asyncio.get_running_loop().create_task(self._reclaim()))
 
     def _known_states_resync(self) -> None:
         """After a reconnection every watch is gone: re-arm them all and re-read."""
@@ -508,3 +613,26 @@ class Coordinator:
         except asyncio.TimeoutError:
             pass
         await asyncio.sleep(0.01)
+
+
+def _holder(data: bytes) -> dict:
+    """Who holds a claim (``{}`` when its payload does not say)."""
+    try:
+        holder = json.loads(data)
+    except ValueError:
+        return {}
+    return holder if isinstance(holder, dict) else {}
+
+
+def _gone_from_this_host(holder: dict) -> bool:
+    """True when the holder ran on this host and its process no longer exists."""
+    pid = holder.get("pid")
+    if holder.get("host") != socket.gethostname() or not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False            # exists, owned by someone else
+    return False

@@ -221,4 +221,7 @@ class ZooKeeperCoordinator(Coordinator):
 
     def __init__(self, url: str, topology: str, session_timeout: float = 10.0) -> None:
         hosts, root = parse_zookeeper_url(url)
-        super().__init__(KazooStore(hosts, session_timeout=session_timeout), topology, root)
+        # A killed run's claim lives as long as its session: wait that out for a holder
+        # that is gone from this host.
+        super().__init__(KazooStore(hosts, session_timeout=session_timeout), topology, root,
+                         claim_wait=session_timeout + 2.0)
