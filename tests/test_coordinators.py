@@ -407,3 +407,19 @@ def test_a_second_topo_run_of_one_name_on_zookeeper_is_one_line(zookeeper, tmp_p
     finally:
         first.send_signal(signal.SIGTERM)
         first.communicate(timeout=60)
+
+
+async def test_zookeeper_where_nothing_listens_fails_within_the_connect_timeout() -> None:
+    from backpressure.coordinator.base import StoreUnavailable
+    from backpressure.coordinator.zookeeper import ZooKeeperCoordinator
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]          # nothing listens once closed
+    c = ZooKeeperCoordinator(f"zookeeper://127.0.0.1:{port}/topo", "t", connect_timeout=1.0)
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable) as info:
+        await c.start([1], Seen())
+    assert time.monotonic() - started < 3
+    assert str(info.value) == f"cannot reach ZooKeeper at 127.0.0.1:{port} within 1s"
+    assert not c.store.client.connected     # stopped: no retrying behind the caller's back

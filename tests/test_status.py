@@ -140,3 +140,13 @@ async def test_status_from_zookeeper_taskstate(zookeeper: ZooKeeperServer, capsy
         assert code == 1 and "no topology 'nosuch'" in capsys.readouterr().err
     finally:
         await fc.stop()
+
+
+def test_status_where_no_zookeeper_listens_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]          # nothing listens once closed
+    assert status_command(ns("--zk", f"zookeeper://127.0.0.1:{port}/topo", "--name", "x", "--timeout", "1")) == 1
+    assert capsys.readouterr().err == f"topo status: cannot reach ZooKeeper at 127.0.0.1:{port} within 1s\n"

@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="run a topology file", description="Run a topology described by a YAML file.")
-    run.add_argument("topology", help="topology.yaml")
+    run.add_argument("topology", help="topology.yaml (at most 1 MB)")
     run.add_argument("--engine", choices=("local", "spark"), help="default: the file's `engine` setting (local)")
     run.add_argument("--master", help="Spark master URL, e.g. local[2] or spark://host:7077 (spark engine)")
     run.add_argument("--duration", type=_positive_float, metavar="S", help="stop (with drain) after S seconds")
@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=cmd_run)
 
     validate = sub.add_parser("validate", help="check a topology file without running it")
-    validate.add_argument("topology", help="topology.yaml")
+    validate.add_argument("topology", help="topology.yaml (at most 1 MB)")
     _config_argument(validate)
     validate.set_defaults(func=cmd_validate)
 

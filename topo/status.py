@@ -218,7 +218,7 @@ def read_zookeeper(url: str, name: str, timeout: float = 5.0) -> tuple[str, list
     from kazoo.handlers.threading import KazooTimeoutError
 
     from backpressure.coordinator.base import ZnodeLayout
-    from backpressure.coordinator.zookeeper import parse_zookeeper_url
+    from backpressure.coordinator.zookeeper import kazoo_log, parse_zookeeper_url
     from backpressure.signals import SignalError, TaskState
 
     hosts, root = parse_zookeeper_url(url)
@@ -227,11 +227,13 @@ def read_zookeeper(url: str, name: str, timeout: float = 5.0) -> tuple[str, list
         layout = ZnodeLayout(name, root)
     except ValueError:      # a name no topology can have
         raise missing from None
-    client = KazooClient(hosts=hosts, timeout=max(timeout, 1.0))
+    client = KazooClient(hosts=hosts, timeout=max(timeout, 1.0), logger=kazoo_log)
     try:
         client.start(timeout)
     except KazooTimeoutError:
-        raise StatusError(f"cannot reach ZooKeeper at {hosts}") from None
+        client.stop()
+        client.close()
+        raise StatusError(f"cannot reach ZooKeeper at {hosts} within {timeout:g}s") from None
     try:
         try:
             children = client.get_children(layout.states)

@@ -219,9 +219,10 @@ def _settle(fut: "asyncio.Future[Any]", result: Any) -> None:
 class ZooKeeperCoordinator(Coordinator):
     """The document's message path on a real ZooKeeper (``zookeeper://host:port/root``)."""
 
-    def __init__(self, url: str, topology: str, session_timeout: float = 10.0) -> None:
+    def __init__(self, url: str, topology: str, session_timeout: float = 10.0, connect_timeout: float = 5.0) -> None:
         hosts, root = parse_zookeeper_url(url)
         # A killed run's claim lives as long as its session: wait that out for a holder
         # that is gone from this host.
-        super().__init__(KazooStore(hosts, session_timeout=session_timeout), topology, root,
+        super().__init__(KazooStore(hosts, session_timeout=session_timeout, connect_timeout=connect_timeout),
+                         topology, root,
                          claim_wait=session_timeout + 2.0)
