@@ -28,7 +28,7 @@ fields grouping on different fields; groupings without a Spark mapping (custom o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from runtime.spark.bolts import InputRoute, StagePlan
 from topo.groupings import (AllGrouping, FieldsGrouping, GlobalGrouping, LoadAwareGrouping,
@@ -106,12 +106,21 @@ def topological_order(topology: Topology) -> list[ComponentSpec]:
     return order
 
 
+def spark_bolt_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The config a bolt's ``TaskContext`` carries on Spark. The local engine's
+    checkpoints (``checkpoint.interval_ms``) are off: on Spark a micro-batch is the unit
+    of recovery (replayed by offsets, ``spark.checkpoint_dir``), and no engine would call
+    ``checkpoint_complete``, so a sink waiting for it (``SQLiteSink``) would write nothing."""
+    return {**config, "checkpoint.interval_ms": None}
+
+
 def stage_plans(topology: Topology, config: dict[str, Any]) -> dict[str, StagePlan]:
     """A ``StagePlan`` per bolt (raises ``TopologyError`` listing every problem)."""
     problems = check(topology)
     if problems:
         raise TopologyError(f"topology {topology.name!r} cannot run on Spark: " + "; ".join(problems))
     plans: dict[str, StagePlan] = {}
+    bolt_config = spark_bolt_config(config)
     for spec in topology.bolts:
         proto = _proto(spec)
         mode, _ = bolt_mode(spec, proto)
@@ -133,7 +142,7 @@ def stage_plans(topology: Topology, config: dict[str, Any]) -> dict[str, StagePl
                 routes[(i.source, i.stream)] = InputRoute("all")
             else:
                 routes[(i.source, i.stream)] = InputRoute("shuffle")
-        plans[spec.id] = StagePlan(spec.id, spec.make, spec.parallelism, topology.name, dict(config), mode,
+        plans[spec.id] = StagePlan(spec.id, spec.make, spec.parallelism, topology.name, bolt_config, mode,
                                    inputs, dict(spec.outputs), routes)
     return plans
 
