@@ -1,142 +1,434 @@
-"""The comparison the flow-control claims rest on: none / source_stop / watermark / stepwise.
+"""The overload matrix: every flow-control policy through seven kinds of overload.
 
-The slow-stage scenario of ``configs/slow_stage.yaml``: ``events`` offers 20,000
-tuples/s, ``enrich`` manages 5,000/s (then ``enriched``), and ``tally`` is a fast
-branch from the same source. Each policy runs it for ``--duration`` seconds
-(25 by default; the four runs take under two minutes) on the local engine with the
-file's marks (1 MB high, 100 KB low, hard bound 2 MB). The water-mark policy gets
-the same marks as fractions of the hard bound (0.5 / 0.05) and its check interval
-equals stepwise's sensitivity (1 s), so the policies differ in their rules, not
-in their thresholds.
+Each scenario is a small topology on the local engine, run for a few seconds under
+``none``, ``source_stop``, ``watermark`` and ``stepwise`` (plus ``stepwise`` with
+the settings of ``VARIANTS``), with acking off and on. Marks are small so every
+policy acts many times per run: high 64 KB, low 16 KB, hard bound 128 KB,
+``sensitivity`` 200 ms; the water-mark policy gets the same marks as fractions of
+the hard bound and checks every 200 ms, so the policies differ in their rules, not
+in their thresholds. Tuples carry about 120 bytes on the wire (a 100-byte pad).
 
-Per policy, measured after the first ``--warmup`` seconds:
+Scenarios (``C``: what the slow stage manages, tuples/s):
 
-* ``fast_branch_tps``: tuples/s ``tally`` executed;
-* ``slow_stage_tps``: tuples/s ``enrich`` executed (at most 5,000);
-* ``peak_queue_bytes``: the most ``enrich``'s queue ever held (whole run), against
-  the 2 MB hard bound where ``emit`` waits;
-* oscillation: ``rate_changes`` (limit changes on the spout, or on any task for
-  stepwise, whole run), and ``emit_cv``, the coefficient of variation of the
-  spout's emit rate sampled every 250 ms.
+a. one slow task: an endless spout into one task of ``C`` = 5,000/s;
+b. a slow component of 4 parallel tasks of 1,250/s each (shuffle);
+c. fan-out: the spout feeds a fast counting bolt directly and, through a relay
+   that forwards every 4th tuple, a slow task of 1,500/s;
+d. an on/off source: 10,000/s for 0.5 s, nothing for 0.5 s (on average C) into
+   one task of 5,000/s;
+e. capacity that drops then recovers: a source offering 4,000/s into a task of
+   5,000/s that manages only 1,250/s from 1.5 s to 3.0 s;
+f. a slow task whose direct upstream is a (fast) relay bolt: the signal must
+   travel hop by hop;
+g. a bolt that is fast except for a 2 ms pause every 1,000 tuples, fed by an
+   endless spout.
 
-In this topology the fast branch hangs off the very spout ``enrich`` is fed by, so
-every policy that throttles the spout slows ``tally`` too; stepwise's advantage
-(it throttles only the *direct* upstream) shows when a relay stands in between,
-see ``tests/test_backpressure_e2e.py``.
+Per cell, measured between ``warmup`` and the stop (tuples lost over the whole run,
+after the drain):
 
-``python -m bench policy_comparison`` writes ``bench/results/policy_comparison.json``.
+* ``lost``: tuples the spout emitted that never reached the sink (any branch);
+* ``goodput``: tuples/s the sink executed, over the same figure under ``none``
+  in the same scenario and acking mode (``none`` only waits on the hard bound, so
+  the bottleneck never idles: that is the capacity);
+* ``p50_ms`` / ``p99_ms``: spout-to-sink latency (every 8th tuple arriving after the warmup);
+* ``peak_queue``: the most any bolt queue held, over the hard bound;
+* ``rate_cov``: coefficient of variation of the spout's emit rate in 250 ms bins;
+* ``back_to_originv_s`` (e only): from the recovery until the spout's limit is off
+  (or at the offered rate: ``originv``, under ``backpressure.originv_hold_ms``);
+* ``fast_tps`` (c only): tuples/s of the fast branch; ``fast_ratio`` against
+  ``none`` in the same scenario (with an endless source and nothing dropped, no
+  policy can let the fast branch run further ahead of the slow one than its
+  queues allow, so ``none``'s figure is the unloaded one here).
+
+``python -m bench policy_comparison [--quick] [--repeat N]`` writes
+``bench/results/policy_comparison.json`` and one PNG per scenario (acking off) of the
+spout's rate and the sink queue over time, ``policy_comparison_<s>.png``.
 Two cores are shared with other work while it runs: read the figures as a
-comparison between policies measured the same way, not as absolute capacities.
+comparison between policies measured the same way, and see the spread of repeats.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import os
 import platform
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import uvloop
 
 from runtime.local.engine import LocalEngine
-from topo.spec import load
+from topo.api import Bolt, Spout, Tuple
+from topo.config import resolve
+from topo.topology import TopologyBuilder
 
 RESULTS = Path(__file__).parent / "results"
-SCENARIO = Path(__file__).resolve().parent.parent / "configs" / "slow_stage.yaml"
 POLICIES = ("none", "source_stop", "watermark", "stepwise")
-SAMPLE_S = 0.25
-OFFERED = 20_000.0
-
-# The water marks as fractions of the scenario's hard bound (2 x its 1 MB high mark).
-_OVERRIDES: dict[str, dict[str, Any]] = {
-    "none": {},
-    "source_stop": {},
-    "watermark": {"backpressure.water_mark.high": 0.5, "backpressure.water_mark.low": 0.05,
-                  "backpressure.water_mark.check_interval_ms": 1000},
-    "stepwise": {},
+# Named settings measured beside the document's default (see BENCHMARKS.md).
+VARIANTS: dict[str, dict[str, Any]] = {
+    "stepwise+fine": {"backpressure.fine_steps": 8},
+    "stepwise+fine+hold": {"backpressure.fine_steps": 8, "backpressure.originv_hold_ms": 2000},
 }
+SAMPLE_S = 0.05
+BIN_S = 0.25
+PAD = "x" * 100
+BASE = {"queue.high_mark": "64KB", "queue.low_mark": "16KB", "queue.hard_bound": "128KB",
+        "backpressure.sensitivity_ms": 200, "backpressure.step": 0.5, "drain_timeout_s": 30,
+        "backpressure.water_mark.high": 0.5, "backpressure.water_mark.low": 0.125,
+        "backpressure.water_mark.check_interval_ms": 200}
 
 
-async def run_policy(policy: str, duration: float, warmup: float) -> dict[str, Any]:
-    """One run of the scenario under ``policy``; the figures listed in the module docstring."""
-    topology = load(SCENARIO)
-    engine = LocalEngine(topology, {"backpressure.policy": policy, **_OVERRIDES[policy]})
-    by_component = {t.component: t for t in engine.tasks}
-    spout, enrich, tally = by_component["events"], by_component["enrich"], by_component["tally"]
-    changes: list[tuple[float, int, float | None]] = []
-    t0 = time.monotonic()
-    engine.flow.on_rate_change = lambda task, rate: changes.append((time.monotonic() - t0, task, rate))
-    samples: list[tuple[float, int, int, int, int]] = []
+class Box:
+    """What every copy of a component shares (the engine deep-copies components)."""
+
+    def __init__(self) -> None:
+        self.emitted = 0
+        self.seen: dict[str, set[int]] = {}
+        self.latency: list[float] = []
+        self.t0 = 0.0
+        self.warmup = 0.0
+
+    def __deepcopy__(self, memo: dict) -> "Box":
+        return self
+
+
+class Source(Spout):
+    """``rate(t)`` tuples/s on a schedule, or as fast as it may (``rate`` None): ``(n, t, pad)``."""
+
+    outputs = ["n", "t", "pad"]
+
+    def __init__(self, box: Box, rate: Callable[[float], float] | None, tracked: bool = False) -> None:
+        self.box, self.rate, self.tracked = box, rate, tracked
+        self.due = 0.0
+        self.last: float | None = None
+
+    def next_tuple(self) -> None:
+        now = time.monotonic()
+        n = 1           # one tuple per call, as Storm's nextTuple: the limiter paces calls
+        if self.rate is not None:
+            if self.last is not None:
+                self.due = min(self.due + (now - self.last) * self.rate(now - self.box.t0), 256.0)
+            self.last = now
+            n = min(4, int(self.due))
+            if n <= 0:
+                return          # nothing due: the engine waits a little before calling again
+            self.due -= n
+        box, emit = self.box, self.collector.emit
+        for _ in range(n):
+            i = box.emitted
+            if self.tracked:
+                emit([i, now, PAD], msg_id=i)
+            else:
+                emit([i, now, PAD])
+            box.emitted = i + 1
+
+
+class Sink(Bolt):
+    """Manages ``capacity(t)`` tuples/s (None: as fast as it can); ``pause`` s every 1,000 tuples."""
+
+    def __init__(self, box: Box, name: str, capacity: Callable[[float], float | None] | None = None,
+                 pause: float = 0.0) -> None:
+        self.box, self.name, self.capacity, self.pause = box, name, capacity, pause
+        self.vt: float | None = None
+        self.n = 0
+
+    async def execute(self, tup: Tuple) -> None:
+        box = self.box
+        box.seen.setdefault(self.name, set()).add(tup[0])
+        self.n += 1
+        now = time.monotonic()
+        if self.n % 8 == 0 and self.name != "fast" and now - box.t0 >= box.warmup:
+            box.latency.append(now - tup[1])
+        if self.pause and self.n % 1000 == 0:
+            await asyncio.sleep(self.pause)
+        cap = self.capacity(now - box.t0) if self.capacity is not None else None
+        if cap:
+            vt = now if self.vt is None or self.vt < now - 0.05 else self.vt
+            self.vt = vt + 1.0 / cap
+            if self.vt - now > 0.002:
+                await asyncio.sleep(self.vt - now)
+
+
+class Relay(Bolt):
+    """Forwards every ``every``-th tuple unchanged."""
+
+    outputs = ["n", "t", "pad"]
+
+    def __init__(self, box: Box, every: int = 1) -> None:
+        self.box, self.every = box, every
+
+    def execute(self, tup: Tuple) -> None:
+        self.box.seen.setdefault("relay", set()).add(tup[0])
+        if tup[0] % self.every == 0:
+            self.collector.emit([tup[0], tup[1], tup[2]])
+
+
+@dataclass(frozen=True)
+class Scenario:
+    key: str
+    title: str
+    build: Callable[[Box, bool], Any]      # -> Topology
+    duration: float
+    expect: Callable[[int], bool] = lambda n: True   # which n the sink should see
+    recovery_at: float | None = None
+    offered: float | None = None          # (e) the source's rate: what "back to originv" means
+
+
+def _const(c: float) -> Callable[[float], float]:
+    return lambda t: c
+
+
+def _a(box: Box, tracked: bool) -> Any:
+    b = TopologyBuilder("matrix-a")
+    b.spout("spout", Source(box, None, tracked))
+    b.bolt("sink", Sink(box, "sink", _const(5_000.0))).shuffle("spout")
+    return b.build()
+
+
+def _b(box: Box, tracked: bool) -> Any:
+    b = TopologyBuilder("matrix-b")
+    b.spout("spout", Source(box, None, tracked))
+    b.bolt("sink", Sink(box, "sink", _const(1_250.0)), parallelism=4).shuffle("spout")
+    return b.build()
+
+
+def _c(box: Box, tracked: bool) -> Any:
+    b = TopologyBuilder("matrix-c")
+    b.spout("spout", Source(box, None, tracked))
+    b.bolt("fast", Sink(box, "fast")).shuffle("spout")
+    b.bolt("relay", Relay(box, every=4)).shuffle("spout")
+    b.bolt("sink", Sink(box, "sink", _const(1_500.0))).shuffle("relay")
+    return b.build()
+
+
+def _d(box: Box, tracked: bool) -> Any:
+    b = TopologyBuilder("matrix-d")
+    b.spout("spout", Source(box, lambda t: 10_000.0 if t % 1.0 < 0.5 else 0.0, tracked))
+    b.bolt("sink", Sink(box, "sink", _const(5_000.0))).shuffle("spout")
+    return b.build()
+
+
+def _e(box: Box, tracked: bool) -> Any:
+    b = TopologyBuilder("matrix-e")
+    b.spout("spout", Source(box, _const(4_000.0), tracked))
+    b.bolt("sink", Sink(box, "sink", lambda t: 1_250.0 if 1.5 <= t < 3.0 else 5_000.0)).shuffle("spout")
+    return b.build()
+
+
+def _f(box: Box, tracked: bool) -> Any:
+    b = TopologyBuilder("matrix-f")
+    b.spout("spout", Source(box, None, tracked))
+    b.bolt("relay", Relay(box)).shuffle("spout")
+    b.bolt("sink", Sink(box, "sink", _const(5_000.0))).shuffle("relay")
+    return b.build()
+
+
+def _g(box: Box, tracked: bool) -> Any:
+    b = TopologyBuilder("matrix-g")
+    b.spout("spout", Source(box, None, tracked))
+    b.bolt("sink", Sink(box, "sink", pause=0.002)).shuffle("spout")
+    return b.build()
+
+
+SCENARIOS = {s.key: s for s in (
+    Scenario("a", "one slow task", _a, 5.0),
+    Scenario("b", "slow component of 4 tasks", _b, 5.0),
+    Scenario("c", "fan-out, fast branch beside a slow one", _c, 5.0, expect=lambda n: n % 4 == 0),
+    Scenario("d", "on/off source", _d, 5.0),
+    Scenario("e", "capacity drops then recovers", _e, 6.0, recovery_at=3.0, offered=4_000.0),
+    Scenario("f", "slow bolt behind a relay bolt", _f, 5.0),
+    Scenario("g", "2 ms pause every 1,000 tuples", _g, 5.0),
+)}
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+async def run_cell(sc: Scenario, policy: str, acking: bool, warmup: float) -> dict[str, Any]:
+    """One run of ``sc`` under ``policy``: the figures listed in the module docstring."""
+    box = Box()
+    box.warmup = warmup
+    name = policy.split("+")[0]
+    cfg = resolve({**BASE, "backpressure.policy": name, "acking": acking, **VARIANTS.get(policy, {})})
+    engine = LocalEngine(sc.build(box, acking), cfg)
+    tasks = {t.component: t for t in engine.tasks}
+    spout, sink = tasks["spout"], [t for t in engine.tasks if t.component == "sink"]
+    samples: list[tuple[float, int, int, int, float | None]] = []
+    box.t0 = t0 = time.monotonic()
 
     async def sampler() -> None:
         while True:
-            samples.append((time.monotonic() - t0, spout.stats.emitted, enrich.executed_count(),
-                            tally.executed_count(), enrich.queue_bytes()))
+            samples.append((time.monotonic() - t0, spout.stats.emitted, sum(s.executed_count() for s in sink),
+                            sum(s.queue_bytes() for s in sink), spout.stats.rate_limit))
             await asyncio.sleep(SAMPLE_S)
 
     probe = asyncio.create_task(sampler())
-    result = await engine.run(duration=duration)
+    result = await engine.run(duration=sc.duration)
     probe.cancel()
-    steady = [s for s in samples if warmup <= s[0] <= duration]
-    (ta, ea, sa, fa, _), (tb, eb, sb, fb, _) = steady[0], steady[-1]
-    span = tb - ta
-    emit_rates = [(b[1] - a[1]) / (b[0] - a[0]) for a, b in zip(steady, steady[1:]) if b[0] > a[0]]
-    mean = statistics.fmean(emit_rates)
-    totals = result.component_totals()
-    assert enrich.queue is not None
-    return {
-        "policy": policy,
-        "fast_branch_tps": round((fb - fa) / span, 1),
-        "slow_stage_tps": round((sb - sa) / span, 1),
-        "spout_emit_tps": round((eb - ea) / span, 1),
-        "peak_queue_bytes": enrich.queue.peak_bytes,
-        "hard_bound": enrich.queue.hard_bound,
-        "rate_changes": len(changes),
-        "rate_changes_after_warmup": sum(1 for c in changes if c[0] >= warmup),
-        "emit_cv": round(statistics.pstdev(emit_rates) / mean, 3) if mean > 0 else None,
-        "emit_samples": len(emit_rates),
-        "lost": totals["events"]["emitted"] - totals["enrich"]["executed"],
-        "stop_reason": result.reason,
+    steady = [s for s in samples if warmup <= s[0] <= sc.duration]
+    (ta, _, sa, _, _), (tb, _, sb, _, _) = steady[0], steady[-1]
+    bins = [s for s in steady if round(s[0] / SAMPLE_S) % round(BIN_S / SAMPLE_S) == 0]
+    rates = [(b[1] - a[1]) / (b[0] - a[0]) for a, b in zip(bins, bins[1:]) if b[0] > a[0]]
+    mean = statistics.fmean(rates) if rates else 0.0
+    expected = {n for n in range(box.emitted) if sc.expect(n)}
+    lost = len(expected - box.seen.get("sink", set()))
+    if "fast" in tasks:
+        lost += box.emitted - len(box.seen.get("fast", set()))
+    hard = cfg["queue.hard_bound"]
+    out: dict[str, Any] = {
+        "policy": policy, "acking": acking, "sink_tps": round((sb - sa) / (tb - ta), 1), "lost": lost,
+        "p50_ms": _ms(_pct(box.latency, 0.5)), "p99_ms": _ms(_pct(box.latency, 0.99)),
+        "peak_queue": round(max(t.queue.peak_bytes for t in engine.tasks if t.queue is not None) / hard, 3),
+        "rate_cov": round(statistics.pstdev(rates) / mean, 3) if mean > 0 else None,
+        "emitted": box.emitted, "stop_reason": result.reason,
+        "series": [(round(s[0], 3), s[1], s[3], s[4]) for s in samples],
     }
+    if "fast" in tasks:
+        f = tasks["fast"]
+        out["fast_tps"] = round(len(box.seen.get("fast", ())) / max(1e-9, sc.duration), 1)
+        out["fast_executed"] = f.executed_count()
+    if sc.recovery_at is not None:
+        after = [s for s in samples if s[0] >= sc.recovery_at]
+        off = next((s[0] for s in after if s[4] is None or s[4] >= 0.99 * (sc.offered or 0.0)), None)
+        out["back_to_originv_s"] = None if off is None else round(off - sc.recovery_at, 2)
+    return out
 
 
-def measure(duration: float, warmup: float) -> dict[str, Any]:
-    runs = []
-    for policy in POLICIES:
-        print(f"  {policy}: {duration:.0f} s ...", flush=True)
-        runs.append(uvloop.run(run_policy(policy, duration, warmup)))
-    return {"scenario": str(SCENARIO.relative_to(SCENARIO.parent.parent)), "offered_tps": OFFERED,
-            "slow_stage_capacity_tps": 5_000.0, "duration_s": duration, "warmup_s": warmup,
-            "sample_s": SAMPLE_S, "python": platform.python_version(), "runs": runs}
+def _ms(x: float | None) -> float | None:
+    return None if x is None else round(1000.0 * x, 1)
+
+
+def measure(keys: str, warmup: float, repeat: int, policies: tuple[str, ...]) -> dict[str, Any]:
+    cells: list[dict[str, Any]] = []
+    for key in keys:
+        sc = SCENARIOS[key]
+        for acking in (False, True):
+            base: float | None = None
+            for policy in policies:
+                n = repeat if policy == "stepwise" else 1
+                runs = []
+                for _ in range(n):
+                    print(f"  {key} {policy:<14} acking={'on' if acking else 'off'} ...", flush=True)
+                    runs.append(uvloop.run(run_cell(sc, policy, acking, warmup)))
+                if policy == "none":
+                    base = statistics.fmean(r["sink_tps"] for r in runs)
+                for r in runs:
+                    r["goodput"] = round(r["sink_tps"] / base, 3) if base else None
+                cells.append({"scenario": key, "title": sc.title, "policy": policy, "acking": acking,
+                              "runs": runs, **_summary(runs)})
+    for c in cells:                                    # fast branch against none's
+        if "fast_tps" in c:
+            ref = next(x for x in cells if x["scenario"] == c["scenario"] and x["acking"] == c["acking"]
+                       and x["policy"] == "none")
+            c["fast_ratio"] = round(c["fast_tps"] / ref["fast_tps"], 3) if ref["fast_tps"] else None
+    return {"marks": {k: BASE[k] for k in ("queue.high_mark", "queue.low_mark", "queue.hard_bound")},
+            "sensitivity_ms": BASE["backpressure.sensitivity_ms"], "warmup_s": warmup, "repeat": repeat,
+            "variants": VARIANTS, "python": platform.python_version(), "load": os.getloadavg(), "cells": cells}
+
+
+_KEYS = ("goodput", "lost", "p50_ms", "p99_ms", "peak_queue", "rate_cov", "back_to_originv_s", "fast_tps")
+
+
+def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median of the repeats per figure, and its spread (min, max) when repeated."""
+    out: dict[str, Any] = {}
+    for k in _KEYS:
+        vals = [r[k] for r in runs if r.get(k) is not None]
+        if k not in runs[0]:
+            continue
+        if not vals:
+            out[k] = None
+            continue
+        out[k] = max(vals) if k in ("lost", "peak_queue") else statistics.median(vals)
+        if len(vals) > 1:
+            out[k + "_spread"] = [min(vals), max(vals)]
+    return out
 
 
 def table(report: dict[str, Any]) -> str:
-    head = (f"{'policy':<12} {'fast tps':>9} {'slow tps':>9} {'spout tps':>9} {'peak queue':>11} "
-            f"{'changes':>8} {'emit cv':>8} {'lost':>5}")
-    rows = [head, "-" * len(head)]
-    for r in report["runs"]:
-        cv = "-" if r["emit_cv"] is None else f"{r['emit_cv']:.3f}"
-        rows.append(f"{r['policy']:<12} {r['fast_branch_tps']:>9.0f} {r['slow_stage_tps']:>9.0f} "
-                    f"{r['spout_emit_tps']:>9.0f} {r['peak_queue_bytes']:>11,d} {r['rate_changes']:>8d} "
-                    f"{cv:>8} {r['lost']:>5d}")
+    head = "| s | acking | policy | lost | goodput | p50 ms | p99 ms | peak/bound | rate CoV | back s | fast |"
+    rows = [head, "|---" * (head.count("|") - 1) + "|"]
+    for c in report["cells"]:
+        def f(k: str, fmt: str = "{:.2f}") -> str:
+            v = c.get(k)
+            if v is None:
+                return "-"
+            s = fmt.format(v)
+            sp = c.get(k + "_spread")
+            return s + (f" ({fmt.format(sp[0])}-{fmt.format(sp[1])})" if sp else "")
+        fast = f("fast_ratio") if "fast_ratio" in c else "-"
+        rows.append(f"| {c['scenario']} | {'on' if c['acking'] else 'off'} | {c['policy']} | {c['lost']} | "
+                    f"{f('goodput')} | {f('p50_ms', '{:.0f}')} | {f('p99_ms', '{:.0f}')} | "
+                    f"{f('peak_queue')} | {f('rate_cov')} | {f('back_to_originv_s', '{:.1f}')} | {fast} |")
     return "\n".join(rows)
+
+
+def plot(report: dict[str, Any], out_dir: Path) -> list[Path]:
+    """One PNG per scenario (acking off): the spout's emit rate and the sink queue over time."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for key in sorted({c["scenario"] for c in report["cells"]}):
+        fig, (ax_r, ax_q) = plt.subplots(2, 1, figsize=(8, 5), sharex=True)
+        for c in report["cells"]:
+            if c["scenario"] != key or c["acking"]:
+                continue
+            s = c["runs"][0]["series"]
+            t = [x[0] for x in s]
+            rate = [0.0] + [(b[1] - a[1]) / (b[0] - a[0]) if b[0] > a[0] else 0.0 for a, b in zip(s, s[1:])]
+            k = 4     # smooth over 4 samples (200 ms)
+            rate = [statistics.fmean(rate[max(0, i - k + 1):i + 1]) for i in range(len(rate))]
+            ax_r.plot(t, rate, label=c["policy"], lw=1)
+            ax_q.plot(t, [x[2] / 1024 for x in s], label=c["policy"], lw=1)
+        ax_r.set_ylabel("spout tuples/s")
+        ax_q.set_ylabel("sink queue KB")
+        ax_q.axhline(128, color="k", lw=0.5, ls=":")
+        ax_q.axhline(64, color="r", lw=0.5, ls=":")
+        ax_q.set_xlabel("s")
+        ax_r.legend(fontsize=7, ncol=5)
+        ax_r.set_title(f"({key}) {SCENARIOS[key].title}, acking off")
+        fig.tight_layout()
+        p = out_dir / f"policy_comparison_{key}.png"
+        fig.savefig(p, dpi=80)
+        plt.close(fig)
+        paths.append(p)
+    return paths
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench policy_comparison")
-    ap.add_argument("--duration", type=float, default=25.0, help="seconds per policy")
-    ap.add_argument("--warmup", type=float, default=5.0, help="seconds left out of the rates")
+    ap.add_argument("--scenarios", default="abcdefg", help="which scenarios (letters)")
+    ap.add_argument("--warmup", type=float, default=1.5, help="seconds left out of the rates and latencies")
+    ap.add_argument("--repeat", type=int, default=2, help="runs of each default stepwise cell (spread reported)")
+    ap.add_argument("--quick", action="store_true", help="scenarios a, c, e; stepwise once; no variants")
+    ap.add_argument("--out", default=str(RESULTS), help="directory for the JSON and PNGs")
     args = ap.parse_args(argv if argv is not None else [])
-    report = measure(args.duration, args.warmup)
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / "policy_comparison.json"
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    policies = POLICIES + tuple(VARIANTS)
+    keys, repeat = args.scenarios, args.repeat
+    if args.quick:
+        keys, repeat, policies = "ace", 1, POLICIES
+    report = measure(keys, args.warmup, repeat, policies)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plot(report, out_dir)
+    for c in report["cells"]:
+        for r in c["runs"]:
+            r["series"] = r["series"][::2]        # keep the JSON small: 100 ms resolution
+    name = "policy_comparison_quick.json" if args.quick else "policy_comparison.json"
+    (out_dir / name).write_text(json.dumps(report, indent=1) + "\n")
     print(table(report))
-    print(f"wrote {out}")
+    print(f"wrote {out_dir / name}")
 
 
 if __name__ == "__main__":

@@ -691,3 +691,42 @@ def test_fine_steps_bisect_between_neighbouring_steps_and_still_restore_originv_
         t += 2.0
         w.check(d, t, LOW)
     assert th.rate is None and th.nominal_rate == originv and not th.backpressure
+
+
+def test_originv_hold_keeps_the_limit_at_exactly_originv_then_turns_it_off() -> None:
+    params = StepwiseParams(step=0.5, high_mark=HIGH, low_mark=LOW, sensitivity=2.0, rate_floor=1.0,
+                            originv_hold=3.0)
+    w = World(params, rates={1: 20_000.0})
+    d = Downstream(10, [1], params, 0.0)
+    w.check(d, 0.0, HIGH)
+    w.check(d, 2.0, LOW)
+    w.check(d, 4.0, LOW)
+    th = w.throttles[1]
+    assert th.k == 0 and not th.backpressure and th.rate == 20_000.0 == th.originv   # == originv, flag clear
+    assert th.tick(6.9) is None and th.rate == 20_000.0
+    change = th.tick(7.0)
+    assert change is not None and change.rate is None and th.rate is None
+    assert th.tick(8.0) is None
+
+
+def test_an_overload_coming_back_soon_continues_the_episode_with_half_the_last_step() -> None:
+    params = StepwiseParams(step=0.5, high_mark=HIGH, low_mark=LOW, sensitivity=2.0, rate_floor=1.0,
+                            fine_steps=8)
+    w = World(params, rates={1: 20_000.0})
+    d = Downstream(10, [1], params, 0.0)
+    th = w.throttle(1)
+    w.check(d, 0.0, HIGH)                    # 8
+    w.check(d, 2.0, LOW)
+    w.check(d, 4.0, LOW)                     # release, reversal: 4
+    w.check(d, 6.0, LOW)                     # release again, closing in: 2 -> k 2
+    w.check(d, 8.0, LOW)                     # third in a row: 4 -> k 0
+    assert th.k == 0
+    w.check(d, 10.0, LOW)                    # light and holding nothing: the episode ended here
+    w.check(d, 10.5, HIGH)                   # back within originv_memory: a reversal, half of 4
+    assert th.k == 2
+    w.check(d, 12.5, LOW)
+    w.check(d, 14.5, LOW)
+    w.check(d, 16.5, LOW)
+    assert th.k == 0
+    w.check(d, 16.5 + params.originv_memory + 1.0, HIGH)   # long after: a new episode, a whole step
+    assert th.k == 8

@@ -182,10 +182,9 @@ class StepwiseFlowControl:
             await asyncio.sleep(self.period)
             now = self.clock()
             for task_id, th in self.throttles.items():
-                if th.holds and not th.in_episode:
-                    change = th.refresh(self._rate_of(task_id), now)
-                    if change is not None:
-                        self._act(task_id, change)
+                change = th.refresh(self._rate_of(task_id), now) if th.holds and not th.in_episode else th.tick(now)
+                if change is not None:
+                    self._act(task_id, change)
             self._carry_out(self.peers.expire(now, self._rate_of))
             for task_id, d in self.downstreams.items():
                 q = self.handles[task_id].queue_bytes()

@@ -51,7 +51,11 @@ The document's steps, and how they read here
   (the runtime's rate meter is an EWMA that lags a release by seconds; re-measuring
   it then would start the next episode several steps down).
 * Steps 10-15 (release: step each throttled upstream up by 1/v'; flag clears at
-  ``originv``): as above, at ``k == 0``.
+  ``originv``): as above, at ``k == 0``. With the ``originv_hold`` setting (0 in
+  the document) the limit stays at exactly ``originv`` for that long before the
+  limiter is turned off: a source that can emit faster than the bottleneck (one
+  whose ``originv`` was measured while it waited on the hard bound) then does not
+  burst into the queue at every release.
 * Rate floor: ``k`` never goes past ``k_max``, the largest with a rate at or over
   ``rate_floor``, and the upstream publishes ``at_floor`` so its downstreams stop
   asking. An upstream whose measured rate is 0 or too low to take even one step
@@ -87,11 +91,13 @@ Finer steps (a setting; off in the document)
 When the capacity lies between two neighbouring steps, whole steps make the rate
 cycle between them: the lower one idles the bottleneck while the low mark waits
 out ``sensitivity``. With ``fine_steps = n > 1`` a downstream may split a step into
-as little as 1/n of it: every reversal (a step down right after a release, or a
-release right after a step down) halves its step; a release right after a release
-doubles it back (up to a whole step), and so does a third step down in a row, so
-the rate closes in on the capacity by bisection while a sustained recovery (or a
-capacity that keeps falling) still moves in whole steps. ``n = 1`` is the
+as little as 1/n of it: a reversal (a step down right after a release, or a
+release right after a step down) halves its step and so does the move after it,
+so the rate closes in on the capacity by bisection; from the third move in the
+same direction on, each doubles the step back (up to a whole one), so a sustained
+recovery, or a capacity that keeps falling, still moves in whole steps. An overload
+that comes back within ``originv_memory`` of the end of an episode continues it
+(a reversal: half the last step) instead of starting over with a whole step. ``n = 1`` is the
 document exactly.
 """
 from __future__ import annotations
@@ -118,6 +124,7 @@ class StepwiseParams:
     resend_factor: float = 2.0          # an unacknowledged signal is re-sent after this x sensitivity
     fine_steps: int = 1                 # a step may be split into up to this many parts (1: the document)
     originv_memory: float = 6.0         # seconds after an episode in which its originv still stands
+    originv_hold: float = 0.0           # seconds the limit stays at exactly originv after the last release
 
     def __post_init__(self) -> None:
         if not 0.0 < self.step < 1.0:
@@ -126,8 +133,8 @@ class StepwiseParams:
             raise ValueError("low_mark must be below high_mark")
         if self.sensitivity <= 0 or self.rate_floor <= 0 or self.resend_factor <= 0:
             raise ValueError("sensitivity, rate_floor and resend_factor must be > 0")
-        if self.fine_steps < 1 or self.originv_memory < 0:
-            raise ValueError("fine_steps must be >= 1 and originv_memory >= 0")
+        if self.fine_steps < 1 or self.originv_memory < 0 or self.originv_hold < 0:
+            raise ValueError("fine_steps must be >= 1, originv_memory and originv_hold >= 0")
 
     @property
     def resend_after(self) -> float:
@@ -140,7 +147,8 @@ class StepwiseParams:
                    sensitivity=float(config["backpressure.sensitivity_ms"]) / 1000.0,
                    rate_floor=float(config["backpressure.rate_floor"]),
                    fine_steps=int(config.get("backpressure.fine_steps", 1)),
-                   originv_memory=float(config.get("backpressure.originv_memory_ms", 6000.0)) / 1000.0)
+                   originv_memory=float(config.get("backpressure.originv_memory_ms", 6000.0)) / 1000.0,
+                   originv_hold=float(config.get("backpressure.originv_hold_ms", 0.0)) / 1000.0)
 
 
 def scaled_rate(originv: float, step: float, k: int, fine_steps: int) -> float:
@@ -188,6 +196,7 @@ class Downstream:
         self.size: dict[int, int] = {}        # current step size per upstream, in 1/fine_steps
         self.last_dir: dict[int, str] = {}
         self.streak: dict[int, int] = {}      # moves in a row in last_dir
+        self.ended_at: dict[int, float] = {}  # light holding nothing on u since (the episode ended)
         self.level = NORMAL
         self.last_check = now
         self.last_bytes: int | None = None    # queue bytes at the previous periodic check
@@ -254,10 +263,8 @@ class Downstream:
                     out.append(self._move(u, RELEASE, now))
                     released = True
             for u in self.upstreams:          # light and holding nothing: the episode is over for u
-                if u not in self.holds and u not in self.pending:
-                    self.size.pop(u, None)
-                    self.last_dir.pop(u, None)
-                    self.streak.pop(u, None)
+                if u not in self.holds and u not in self.pending and u in self.last_dir:
+                    self.ended_at.setdefault(u, now)
             if released:
                 self.low_since = now      # each further step up needs a fresh light window
         else:
@@ -281,13 +288,20 @@ class Downstream:
     def _move(self, u: int, kind: str, now: float) -> Signal:
         """One step down (BACKPRESSURE) or up (RELEASE) of the size this upstream is at."""
         whole = self.params.fine_steps
+        ended = self.ended_at.pop(u, None)
+        if ended is not None and now - ended >= self.params.originv_memory:
+            self.last_dir.pop(u, None)            # a new episode, not the last one coming back
+            self.size.pop(u, None)
+            self.streak.pop(u, None)
         last = self.last_dir.get(u)
         size = self.size.get(u, whole)
         streak = self.streak.get(u, 0) + 1 if last == kind else 1
         if last is not None and last != kind:
             size = max(1, size // 2)              # a reversal: the capacity is in between
-        elif kind == RELEASE or streak > 2:
-            size = min(whole, size * 2)           # still light (or still overloaded twice): widen
+        elif streak >= 3:
+            size = min(whole, size * 2)           # three the same way: the capacity moved, widen
+        elif streak == 2 and size < whole:
+            size = max(1, size // 2)              # closing in on it (bisection)
         self.size[u], self.last_dir[u], self.streak[u] = size, kind, streak
         h = self.holds.get(u, 0)
         return self._send(u, h + size if kind == BACKPRESSURE else max(0, h - size), kind, now)
@@ -315,6 +329,8 @@ class Downstream:
             else:
                 self.holds.pop(u, None)
                 self.wants.pop(u, None)
+                if u in self.last_dir:
+                    self.ended_at.setdefault(u, pend.sent_at)    # holding nothing: the episode ended
         elif now - pend.sent_at >= self.params.resend_after:
             pend.sent_at = now
             out.append(pend.signal)
@@ -343,6 +359,7 @@ class Throttle:
         self.stepped_at: float | None = None  # the last step down, and for whom
         self.stepped_by = -1
         self.released_at: float | None = None
+        self.holding = False                  # k == 0 but the limit stays at originv (originv_hold)
 
     @property
     def backpressure(self) -> bool:
@@ -354,8 +371,8 @@ class Throttle:
 
     @property
     def rate(self) -> float | None:
-        """The limit in force; None when the limiter is off (``k == 0``)."""
-        if self.k == 0 or self.originv is None:
+        """The limit in force; None when the limiter is off (``k == 0``, after any hold)."""
+        if self.originv is None or (self.k == 0 and not self.holding):
             return None
         return scaled_rate(self.originv, self.params.step, self.k, self.params.fine_steps)
 
@@ -404,6 +421,13 @@ class Throttle:
         """Held but not yet stepped because the rate was not measurable: try again."""
         if self.holds and not self.in_episode:
             return self._recompute(observed_rate, now, max(self.holds, key=self.holds.__getitem__))
+        return None
+
+    def tick(self, now: float) -> RateChange | None:
+        """The timer: a hold at ``originv`` that has lasted ``originv_hold`` ends (limiter off)."""
+        if self.holding and self.released_at is not None and now - self.released_at >= self.params.originv_hold:
+            self.holding = False
+            return RateChange(None)
         return None
 
     def _newer(self, source: int, run: int, seq: int) -> bool:
@@ -457,9 +481,11 @@ class Throttle:
             return None
         if self.k > old:
             self.stepped_at, self.stepped_by = now, source
+            self.holding = False
         elif self.k == 0:
             self.released_at = now
             self.stepped_at, self.stepped_by = None, -1
+            self.holding = p.originv_hold > 0 and want == 0 and source != -1
         return RateChange(self.rate)
 
 
