@@ -279,3 +279,29 @@ def test_failure_log_logs_the_first_n_then_a_count_per_interval(caplog) -> None:
         flog.flush()
     assert caplog.records[-1].getMessage() == (
         "bolt b (task 3): 3 more failures in the last 10 s (5 in all); last: ValueError: 4")
+
+
+# -- the YAML form of blocking / execute_timeout_s -------------------------------------------
+
+def test_yaml_sets_blocking_and_execute_timeout_per_bolt(tmp_path) -> None:
+    from topo.spec import SpecError, load_spec
+
+    base = """
+name: y
+spouts:
+  - {id: s, class: topo.examples.wordcount.SentenceSpout, kwargs: {repeat: 1}}
+bolts:
+  - {id: b, class: topo.examples.wordcount.SplitBolt, %s}
+streams:
+  - {from: s, to: b, grouping: {type: shuffle}}
+"""
+    good = tmp_path / "good.yaml"
+    good.write_text(base % "blocking: true, execute_timeout_s: 5")
+    engine = LocalEngine(load_spec(str(good)).topology)
+    bolt = engine.bolt_tasks[0]
+    assert bolt.blocking and bolt.execute_timeout_s == 5.0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(base % "execute_timeout_s: -1")
+    with pytest.raises(SpecError, match=r"bad.yaml:6: bolts\[0\].execute_timeout_s: must be a number of seconds "
+                                        r"above 0 and at most 86400 \(got -1\)"):
+        load_spec(str(bad))

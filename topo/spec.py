@@ -13,6 +13,10 @@ streams:
   - {from: split, to: count, grouping: {type: fields, fields: [word]}}
 ```
 
+A bolt may also set ``blocking: true`` (run ``execute`` on a worker thread) and
+``execute_timeout_s`` (cancel an execute that runs longer and fail its tuple), the
+YAML form of the ``Bolt`` attributes of the same names.
+
 The file is composed (``yaml.compose`` with ``SafeLoader``) rather than loaded, and
 the node tree is walked by hand: nodes keep their line, plain dicts do not, and every
 mistake must come back as one line ``path:line: key: message (got value)`` that points
@@ -65,7 +69,9 @@ _MAX_MESSAGE = 500
 _ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 
 TOP_KEYS = ("name", "config", "spouts", "bolts", "streams")
-COMPONENT_KEYS = ("id", "class", "args", "kwargs", "parallelism")
+COMPONENT_KEYS = ("id", "class", "args", "kwargs", "parallelism", "execute_timeout_s", "blocking")
+# Bolt attributes a YAML file may set per component (``Bolt.execute_timeout_s``, ``Bolt.blocking``).
+BOLT_ATTRIBUTES = ("execute_timeout_s", "blocking")
 STREAM_KEYS = ("name", "from", "to", "grouping")
 GROUPING_KEYS = ("type", "fields", "stream")
 
@@ -292,9 +298,14 @@ def _check_aliases(uses: list[tuple[Node, Any]]) -> tuple[int, str] | None:
     return None
 
 
-def _instantiate(cls: type, args: list[Any], kwargs: dict[str, Any]) -> Any:
-    """One fresh instance per task; args are copied so tasks never share mutable state."""
-    return cls(*copy.deepcopy(args), **copy.deepcopy(kwargs))
+def _instantiate(cls: type, args: list[Any], kwargs: dict[str, Any],
+                 attributes: dict[str, Any] | None = None) -> Any:
+    """One fresh instance per task; args are copied so tasks never share mutable state.
+    ``attributes`` (``execute_timeout_s``, ``blocking``) are set on the instance."""
+    instance = cls(*copy.deepcopy(args), **copy.deepcopy(kwargs))
+    for name, value in (attributes or {}).items():
+        setattr(instance, name, value)
+    return instance
 
 
 def import_class(dotted: str) -> Any:
@@ -567,6 +578,23 @@ class _Reader:
                            f"must be an integer from 1 to {MAX_PARALLELISM}", value)
             elif value is not _NO_VALUE:
                 parallelism = value
+        attributes: dict[str, Any] = {}
+        for name in BOLT_ATTRIBUTES:
+            if name not in m:
+                continue
+            value = self.value(m[name][1], f"{prefix}.{name}")
+            if value is _NO_VALUE:
+                continue
+            if kind != "bolts":
+                self.error(m[name][1], f"{prefix}.{name}", "only a bolt has this setting", value)
+            elif name == "blocking" and not isinstance(value, bool):
+                self.error(m[name][1], f"{prefix}.{name}", "must be true or false", value)
+            elif name == "execute_timeout_s" and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                                  or not 0 < value <= 86_400):
+                self.error(m[name][1], f"{prefix}.{name}", "must be a number of seconds above 0 and at most 86400",
+                           value)
+            else:
+                attributes[name] = float(value) if name == "execute_timeout_s" else value
         if cid is None or cls is None or len(self.problems) > problems_before:
             return
 
@@ -581,7 +609,7 @@ class _Reader:
             return
         except ValueError:
             pass  # no introspectable signature; constructing will tell
-        factory = functools.partial(_instantiate, cls, args, kwargs)
+        factory = functools.partial(_instantiate, cls, args, kwargs, attributes)
         try:
             if kind == "spouts":
                 builder.spout(cid, factory, parallelism)

@@ -21,7 +21,8 @@ def make_coordinator(config: Mapping[str, Any], topology_name: str) -> Any:
         from backpressure.coordinator.zookeeper import ZooKeeperCoordinator
 
         return ZooKeeperCoordinator(where, topology_name,
-                                    session_timeout=float(config.get("zookeeper.session_timeout_s", 10.0)))
+                                    session_timeout=float(config.get("zookeeper.session_timeout_s", 10.0)),
+                                    connect_timeout=float(config.get("zookeeper.connect_timeout_s", 5.0)))
     raise ValueError(f"coordinator must be 'embedded' or 'zookeeper://host:port/root', got {where!r}")
 
 
@@ -45,4 +46,14 @@ def make_flow_control(config: Mapping[str, Any], topology_name: str) -> FlowCont
         from backpressure.drivers.watermark import WatermarkFlowControl
 
         return WatermarkFlowControl(WaterMarkParams.from_config(config))
+    if policy == "adaptive":
+        from backpressure.policy.adaptive import AdaptiveParams
+        from backpressure.drivers.adaptive import AdaptiveFlowControl
+
+        return AdaptiveFlowControl(AdaptiveParams.from_config(config))
+    if policy == "window":
+        from backpressure.policy.window import WindowParams
+        from backpressure.drivers.window import WindowFlowControl
+
+        return WindowFlowControl(WindowParams.from_config(config))
     raise ValueError(f"unknown backpressure.policy {policy!r}")

@@ -236,14 +236,14 @@ class LocalEngine:
         if run.stopping:
             run.stop_event.set()
         self._open_components()
-        if self.checkpointer is not None:
-            try:
+        try:
+            if self.checkpointer is not None:
                 self.checkpointer.restore()
-            except Exception:
-                self._close_components(self.tasks)
-                self.dead_letters.close()
-                raise
-        await self.flow.start(self.tasks)
+            await self.flow.start(self.tasks)
+        except BaseException:     # a refused claim, an unreachable ZooKeeper, a bad checkpoint
+            self._close_components(self.tasks)
+            self.dead_letters.close()
+            raise
         started_services: list[Service] = []
         for s in self.services:
             await s.start(self)
