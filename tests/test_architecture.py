@@ -46,7 +46,7 @@ FLOORS: dict[str, tuple[str, ...]] = {
     # The API every engine implements and reads: components, topologies, groupings,
     # settings, keyed state, the stock spouts and sinks.
     "api": ("topo.api", "topo.topology", "topo.groupings", "topo.config", "topo.state", "topo.sources.*",
-            "topo.sinks"),
+            "topo.sinks", "topo.windows", "topo.join"),
 }
 
 _ENGINE_BELOW = ("observe", "drivers", "policy", "api")

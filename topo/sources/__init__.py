@@ -3,12 +3,15 @@
 * ``topo.sources.log``: the partitioned message log (``MD5(key) mod numPartitions``),
   embedded file-backed or on Redis Streams;
 * ``topo.sources.synthetic``: rate profiles (constant, bursty), deterministic by offset;
-* ``topo.sources.spouts``: ``MessageLogSpout`` and ``SyntheticSpout`` for topologies.
+* ``topo.sources.spouts``: ``MessageLogSpout`` and ``SyntheticSpout`` for topologies;
+* ``topo.sources.files``: text, JSON lines and CSV file spouts with byte offsets (local engine).
 """
 from topo.sources.base import OffsetSource
+from topo.sources.files import CsvSpout, FileSpout, JsonLinesSpout, TextFileSpout
 from topo.sources.log import FileLog, RedisLog, open_log, partition_for
 from topo.sources.spouts import MessageLogSpout, OffsetSpout, SyntheticSpout
 from topo.sources.synthetic import Bursty, Constant, SyntheticSource, make_profile
 
 __all__ = ["OffsetSource", "FileLog", "RedisLog", "open_log", "partition_for", "MessageLogSpout",
-           "OffsetSpout", "SyntheticSpout", "Bursty", "Constant", "SyntheticSource", "make_profile"]
+           "OffsetSpout", "SyntheticSpout", "Bursty", "Constant", "SyntheticSource", "make_profile",
+           "FileSpout", "TextFileSpout", "JsonLinesSpout", "CsvSpout"]
