@@ -266,7 +266,7 @@ class WindowedBolt(_Keyed):
         self._windows: dict[tuple[Any, Any], list[Any]] = {}   # (key, start) -> [end, acc]
         self._heap: list[tuple[Any, int, Any, Any]] = []        # (end, seq, key, start)
         self._seq = 0
-        self._max = -INF          # largest timestamp seen
+        self._max: dict[Any, Any] = {}    # input (see ``watermark_inputs``) -> largest timestamp seen
         self._wm = -INF           # the watermark: windows with end <= it are closed
         self._last_arrival = self.clock()
         self._ended: dict[str, list[Any]] = {}   # source component -> [tasks ended, of how many]
@@ -295,23 +295,42 @@ class WindowedBolt(_Keyed):
             self.late_count += 1
             if self.late_stream:
                 self.collector.emit(self._late_values(tup), self.late_stream)
-        if ts > self._max:
-            self._max = ts
-            self._advance(ts - self.lateness_s)
+        group = self._input_of(tup)
+        if ts > self._max.get(group, -INF):
+            self._max[group] = ts
+            self._advance_inputs()
 
     def tick(self) -> None:
         now = self.clock()
         if self.time == "processing":
             self._advance(now)
-        elif self.idle_s is not None and now - self._last_arrival >= self.idle_s and self._max > -INF:
-            self._advance(self._max - self.lateness_s + (now - self._last_arrival))
+        elif self.idle_s is not None and now - self._last_arrival >= self.idle_s and self._max:
+            self._advance(min(self._max.values()) - self.lateness_s + (now - self._last_arrival))
+
+    # -- the watermark over inputs ------------------------------------------------------
+    #: the inputs the watermark waits for: it is the least of their largest timestamps minus
+    #: the lateness (one input here; a join has two, its left and its right)
+    watermark_inputs: tuple[Any, ...] = (None,)
+
+    def _input_of(self, tup: Tuple) -> Any:
+        return None
+
+    def _inputs_ended_by(self, component: str) -> Iterable[Any]:
+        """The inputs that end when every task of ``component`` sent its end: here the one
+        input, once every source that sent an end has ended."""
+        return (None,) if all(len(done) >= n for done, n in self._ended.values()) else ()
+
+    def _advance_inputs(self) -> None:
+        self._advance(min(self._max.get(g, -INF) for g in self.watermark_inputs) - self.lateness_s)
 
     def _on_end(self, tup: Tuple) -> None:
         seen = self._ended.setdefault(tup.source_component, [[], int(tup["tasks"])])
         if tup["task"] not in seen[0]:
             seen[0].append(tup["task"])
-        if all(len(done) >= n for done, n in self._ended.values()):
-            self._advance(INF)
+        if len(seen[0]) >= seen[1]:
+            for group in self._inputs_ended_by(tup.source_component):
+                self._max[group] = INF
+            self._advance_inputs()
 
     # -- windows --------------------------------------------------------------------------
     def _add(self, key: Any, ts: Any, value: Any) -> bool:
@@ -370,8 +389,8 @@ class WindowedBolt(_Keyed):
     # -- checkpoints ----------------------------------------------------------------------
     def snapshot_state(self) -> Any:
         return {"windows": [list(w) for w in self.open_windows()],
-                "max": None if self._max == -INF else self._max,
-                "wm": None if self._wm == -INF else ("inf" if self._wm == INF else self._wm),
+                "max": [[g, m] for g, m in self._max.items()],
+                "wm": self._wm,
                 "ended": [[c, done, n] for c, (done, n) in self._ended.items()],
                 "late": self.late_count}
 
@@ -382,9 +401,8 @@ class WindowedBolt(_Keyed):
             self._windows[(key, start)] = [end, acc]
             self._push(end, key, start)
             self._index(key, start)
-        self._max = -INF if state["max"] is None else state["max"]
-        wm = state["wm"]
-        self._wm = -INF if wm is None else INF if wm == "inf" else wm
+        self._max = {g: m for g, m in state["max"]}
+        self._wm = state["wm"]
         self._ended = {c: [list(done), n] for c, done, n in state["ended"]}
         self.late_count = state.get("late", 0)
 
