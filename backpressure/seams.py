@@ -10,7 +10,7 @@ engine never decides when to throttle: that is the policy's job.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal, Protocol, Sequence
+from typing import Callable, Literal, Mapping, Protocol, Sequence
 
 Direction = Literal["sent", "received"]
 
@@ -95,3 +95,49 @@ class NoFlowControl:
 
     async def stop(self) -> None:
         return None
+
+
+# --- optional engine capabilities (documents 002 and 004) ----------------------------
+# A flow control that can use one of these has an attribute of that name (``scaler``,
+# ``share_router``, ``window_gate``) set to None; an engine that offers the capability
+# assigns it before ``start``. Without it the driver logs and counts each decision.
+
+
+class Scaler(Protocol):
+    """Adds or removes a parallel task of a running component (document 004's management node).
+
+    ``add_task`` returns the new task's handle once it runs (its upstreams already route
+    to it); ``remove_task`` drains one task of the component and returns its id. Both
+    return None when the engine declines (e.g. fields grouping without movable keyed
+    state). The engine keeps every upstream's ``upstream_task_ids`` view consistent.
+    """
+
+    async def add_task(self, component: str) -> TaskHandle | None: ...
+
+    async def remove_task(self, component: str) -> int | None: ...
+
+
+class ShareRouter(Protocol):
+    """Weights one upstream task's routing to the tasks of one downstream component.
+
+    ``shares`` maps downstream task ids to fractions summing to 1; the engine applies
+    them on shuffle-like edges only (never fields, all or global) and returns whether it
+    did.
+    """
+
+    def set_shares(self, upstream_task_id: int, component: str, shares: Mapping[int, float]) -> bool: ...
+
+
+class WindowGate(Protocol):
+    """Per-downstream-task send windows on a spout's tracked tuples (document 002).
+
+    The engine calls the flow control's ``on_sent(spout, target, root, now)``,
+    ``on_acked(spout, root, now)`` and ``on_failed(spout, root, now)`` (the
+    acker's outcome per root, with the downstream task of its first edge), asks
+    ``may_send(spout, target)`` before routing a tuple to ``target`` and, for a
+    failed tuple, ``resend_target(spout, root, candidates)`` for where its replay goes
+    (None: the grouping's own choice). Through this protocol the engine tells the
+    flow control it does all that.
+    """
+
+    def routes_tracked_tuples(self) -> bool: ...

@@ -216,7 +216,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("batch.size", 256, _int, "tuples per transfer batch between tasks", check=_between(1, 65536)),
     Setting("batch.flush_interval_ms", 1.0, _float, "longest a partial batch waits before it is sent", check=_between(0, 60_000, above=True)),
     Setting("backpressure.policy", "stepwise", _str, "flow-control policy",
-            choices=("none", "stepwise", "source_stop", "watermark")),
+            choices=("none", "stepwise", "source_stop", "watermark", "window", "adaptive")),
     Setting("backpressure.step", 0.5, _float, "v': each backpressure step multiplies the upstream rate by this", check=_fraction),
     Setting("backpressure.sensitivity_ms", 2000.0, _float, "low mark must hold this long before a release; also the check period", check=_between(0, HOUR_MS, above=True)),
     Setting("backpressure.rate_floor", 1.0, _float, "no step takes a rate below this many tuples/s", check=_between(0, MAX_RATE, above=True)),
@@ -227,6 +227,29 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("backpressure.water_mark.high", 0.8, _float, "watermark: fraction of queue.hard_bound at or over which a task is overloaded (document 003)", check=_fraction),
     Setting("backpressure.water_mark.low", 0.2, _float, "watermark: fraction of queue.hard_bound at or under which an overloaded task has recovered", check=_fraction),
     Setting("backpressure.water_mark.check_interval_ms", 1000.0, _float, "watermark: re-report and ramp-step period (JStorm's topology.backpressure.check.interval)", check=_between(0, HOUR_MS, above=True)),
+    Setting("backpressure.adaptive.high", 0.7, _float, "adaptive: first threshold (high water level), fraction of queue.hard_bound (document 004)", check=_fraction),
+    Setting("backpressure.adaptive.high_min", 0.6, _float, "adaptive: lowest the first threshold is moved to", check=_fraction),
+    Setting("backpressure.adaptive.high_max", 0.9, _float, "adaptive: highest the first threshold is moved to", check=_between(0, 1, above=True)),
+    Setting("backpressure.adaptive.low", 0.2, _float, "adaptive: second threshold (low water level), fraction of queue.hard_bound", check=_fraction),
+    Setting("backpressure.adaptive.low_min", 0.1, _float, "adaptive: lowest the second threshold is moved to", check=_fraction),
+    Setting("backpressure.adaptive.low_max", 0.4, _float, "adaptive: highest the second threshold is moved to", check=_fraction),
+    Setting("backpressure.adaptive.threshold_step", 0.1, _float, "adaptive: both thresholds move together by this", check=_fraction),
+    Setting("backpressure.adaptive.window_ms", 10000.0, _float, "adaptive: the backpressure window, a fixed period sampled uniformly", check=_between(0, HOUR_MS, above=True)),
+    Setting("backpressure.adaptive.samples", 20, _int, "adaptive: samples per backpressure window", check=_between(1, 100_000)),
+    Setting("backpressure.adaptive.preset_ratio", 0.5, _float, "adaptive: share of the window over the first threshold that raises the thresholds", check=_between(0, 1, above=True)),
+    Setting("backpressure.adaptive.coefficient_step", 0.1, _float, "adaptive: an upstream's rate coefficient moves by this per flag added or removed", check=_fraction),
+    Setting("backpressure.adaptive.preset_coefficient", 0.2, _float, "adaptive: the rate coefficient's floor; at it, flags ask for another parallel task", check=_between(0, 1, above=True)),
+    Setting("backpressure.adaptive.scale_ratio", 0.5, _float, "adaptive: share of a component's tasks flagged that asks for one more task", check=_between(0, 1, above=True)),
+    Setting("backpressure.adaptive.max_parallelism", 4, _int, "adaptive: autoscaling never takes a component past this many tasks", check=_between(1, 1024)),
+    Setting("backpressure.adaptive.cooldown_ms", 30000.0, _float, "adaptive: least time between two scale actions on one component", check=_between(0, DAY_S * 1000)),
+    Setting("backpressure.adaptive.check_interval_ms", 250.0, _float, "adaptive: how often an upstream checks its downstream flags and levels", check=_between(0, HOUR_MS, above=True)),
+    Setting("backpressure.adaptive.balance_shift", 0.1, _float, "adaptive: share of the fullest downstream task's traffic moved to the emptiest per check", check=_fraction),
+    Setting("backpressure.window.initial", 16, _int, "window: send window (tuples in flight) per downstream task at start (document 002)", check=_between(1, 1_000_000)),
+    Setting("backpressure.window.min", 1, _int, "window: smallest a send window shrinks to", check=_between(1, 1_000_000)),
+    Setting("backpressure.window.max", 4096, _int, "window: largest a send window grows to", check=_between(1, 1_000_000)),
+    Setting("backpressure.window.rtt_threshold_ms", 200.0, _float, "window: an ack round trip over this is SLOW (the window shrinks), under it NORMAL (it grows)", check=_between(0, HOUR_MS, above=True)),
+    Setting("backpressure.window.batch", 64, _int, "window: tuples a spout sends together as one batch", check=_between(1, 65536)),
+    Setting("backpressure.window.check_interval_ms", 50.0, _float, "window: period of the windows' update when the engine reports no per-tuple acks", check=_between(0, HOUR_MS, above=True)),
     Setting("coordinator", "embedded", _str, "where signals travel: embedded, or zookeeper://host:port/root", check=_coordinator),
     Setting("zookeeper.session_timeout_s", 10.0, _float, "ZooKeeper session timeout; a task state vanishes this long after its process dies", check=_between(0, 600, above=True)),
     Setting("zookeeper.connect_timeout_s", 5.0, _float, "how long topo run waits for ZooKeeper at start before it gives up", check=_between(0, 300, above=True)),
@@ -306,6 +329,9 @@ def resolve(*layers: Mapping[str, Any]) -> ResolvedConfig:
     if out["backpressure.water_mark.low"] >= out["backpressure.water_mark.high"]:
         raise ConfigError("backpressure.water_mark.low", out["backpressure.water_mark.low"],
                           "must be below backpressure.water_mark.high")
+    if out["backpressure.policy"] == "window" and not out["acking"]:
+        raise ConfigError("backpressure.policy", "window",
+                          "window sizes its send windows from ack round trips: set acking: true")
     if out["queue.hard_bound"] < out["queue.high_mark"]:
         raise ConfigError("queue.hard_bound", out["queue.hard_bound"], "must be at least queue.high_mark")
     return out

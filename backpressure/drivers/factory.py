@@ -55,5 +55,6 @@ def make_flow_control(config: Mapping[str, Any], topology_name: str) -> FlowCont
         from backpressure.policy.window import WindowParams
         from backpressure.drivers.window import WindowFlowControl
 
-        return WindowFlowControl(WindowParams.from_config(config))
+        return WindowFlowControl(WindowParams.from_config(config), slow_bytes=int(config["queue.high_mark"]),
+                                 capacity=int(config["queue.hard_bound"]))
     raise ValueError(f"unknown backpressure.policy {policy!r}")

@@ -1,0 +1,207 @@
+"""TCP-like send windows per downstream task, sized from ack round trips (document 002).
+
+Pure: no asyncio, no I/O; time comes in as ``now``. Names from the document:
+``SendWindow`` (the spout's window towards one bolt: the document's
+AdaptiveFlowConsumer), the states ``NORMAL``/``SLOW``/``BUSY``, ``rt`` (the round
+trip of one ack), ``CumulativeAck`` (the ack point recorded for restarts).
+
+Rules (each is a test in ``tests/test_window_policy.py`` named after it)
+------------------------------------------------------------------------
+* **W1 one window per downstream task**: a tracked tuple (a batch, W6) may go to a
+  task only while that task's in-flight count is under its window; the send time
+  is recorded per tuple.
+* **W2 NORMAL grows linearly**: an ack whose round trip is at or under
+  ``rtt_threshold`` grows the window by ``step`` (1 tuple) per ack, up to ``max``.
+  The document asks for linear growth and no slow start or ssthresh; "linear" is
+  read as a constant step per ack.
+* **W3 SLOW shrinks linearly**: an ack over ``rtt_threshold`` shrinks it by ``step``,
+  never under ``min``.
+* **W4 BUSY on fail or timeout**: the window shrinks by one at once, the tuple
+  leaves the window and is handed back for re-sending to *another* task of the
+  same component that has room (round robin after the busy one); under fields
+  grouping a key must stay on its task, so it waits for that task (``resend_target``
+  returns the same task). With no other task with room it waits too (None).
+* **W5 cumulative ack**: tuples are numbered in send order; the ack point is the
+  highest number with every tuple up to it acked (acks of 1, 3, 4 keep it at 1;
+  the ack of 2 moves it to 4), and its ``rt`` is the one recorded. A restart
+  resumes after the ack point (``resume_position``); a failed and re-sent tuple
+  keeps its number, so the point waits for it.
+* **W6 batching**: records are sent ``batch`` at a time as one tracked tuple (one
+  ack per batch); a partial batch goes when flushed.
+* **W7 round robin among tasks with room**: the document's spout asks its
+  consumers in turn; a task with a full window is skipped.
+* **W8 acking required**: without acks there are no round trips; the config is
+  refused (``topo.config.resolve``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Generic, Hashable, Mapping, Sequence, TypeVar
+
+NORMAL = "NORMAL"
+SLOW = "SLOW"
+BUSY = "BUSY"
+
+R = TypeVar("R", bound=Hashable)
+
+
+@dataclass(frozen=True)
+class WindowParams:
+    initial: int = 16
+    min: int = 1
+    max: int = 4096
+    rtt_threshold: float = 0.2         # seconds
+    step: float = 1.0                  # tuples per ack (W2, W3)
+    batch: int = 64
+    check_interval: float = 0.05       # seconds (the driver's period without per-tuple acks)
+    rate_floor: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min <= self.initial <= self.max:
+            raise ValueError("window sizes must satisfy 1 <= min <= initial <= max")
+        if self.rtt_threshold <= 0 or self.step <= 0 or self.batch < 1 or self.check_interval <= 0:
+            raise ValueError("rtt_threshold, step, batch and check_interval must be positive")
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> "WindowParams":
+        if not config.get("acking", False):
+            raise ValueError("backpressure.policy window needs acking: true (it sizes windows from ack round trips)")
+        w = "backpressure.window."
+        return cls(initial=int(config[w + "initial"]), min=int(config[w + "min"]), max=int(config[w + "max"]),
+                   rtt_threshold=float(config[w + "rtt_threshold_ms"]) / 1000.0, batch=int(config[w + "batch"]),
+                   check_interval=float(config[w + "check_interval_ms"]) / 1000.0,
+                   rate_floor=float(config["backpressure.rate_floor"]))
+
+
+class SendWindow(Generic[R]):
+    """The window towards one downstream task (W1-W4)."""
+
+    def __init__(self, params: WindowParams) -> None:
+        self.params = params
+        self.window = float(params.initial)
+        self.state = NORMAL
+        self.in_flight: dict[R, float] = {}
+
+    def has_room(self) -> bool:
+        return len(self.in_flight) < int(self.window)
+
+    def on_sent(self, root: R, now: float) -> None:
+        self.in_flight[root] = now
+
+    def on_ack(self, root: R, now: float) -> float | None:
+        """The round trip; None for a root this window does not hold (a late ack after a fail)."""
+        sent = self.in_flight.pop(root, None)
+        if sent is None:
+            return None
+        rt = now - sent
+        self.classify(rt <= self.params.rtt_threshold)
+        return rt
+
+    def classify(self, normal: bool, acks: int = 1) -> None:
+        """W2/W3 for ``acks`` acks of one kind (the driver's fallback counts them per period)."""
+        p = self.params
+        if normal:
+            self.state = NORMAL
+            self.window = min(float(p.max), self.window + p.step * acks)
+        else:
+            self.state = SLOW
+            self.window = max(float(p.min), self.window - p.step * acks)
+
+    def on_fail(self, root: R) -> bool:
+        """W4: BUSY, one smaller. True when the root was in this window."""
+        held = self.in_flight.pop(root, None) is not None
+        self.busy()
+        return held
+
+    def busy(self) -> None:
+        self.state = BUSY
+        self.window = max(float(self.params.min), self.window - 1)
+
+
+@dataclass
+class CumulativeAck:
+    """W5: the ack point over tuples numbered in send order, and its round trip."""
+
+    point: int = 0                     # every tuple numbered <= point is acked (numbers start at 1)
+    point_rt: float | None = None
+    _acked: dict[int, float] = field(default_factory=dict)
+
+    def on_ack(self, number: int, rt: float) -> bool:
+        """Record one ack; True when the point moved."""
+        if number <= self.point:
+            return False
+        self._acked[number] = rt
+        moved = False
+        while self.point + 1 in self._acked:
+            self.point += 1
+            self.point_rt = self._acked.pop(self.point)
+            moved = True
+        return moved
+
+    @property
+    def resume_position(self) -> int:
+        """The first tuple number a restart must send again."""
+        return self.point + 1
+
+
+class WindowSender(Generic[R]):
+    """One spout task's windows over the tasks of each downstream component (W1, W4, W7)."""
+
+    def __init__(self, params: WindowParams, components: Mapping[str, Sequence[int]],
+                 keyed: frozenset[str] = frozenset()) -> None:
+        self.params = params
+        self.components = {c: list(ts) for c, ts in components.items()}
+        self.keyed = keyed                 # components fed by fields grouping (W4: no resend elsewhere)
+        self.windows: dict[int, SendWindow[R]] = {t: SendWindow(params) for ts in components.values() for t in ts}
+        self.target_of: dict[R, int] = {}
+        self._next: dict[str, int] = {c: 0 for c in components}
+
+    def pick(self, component: str, after: int | None = None) -> int | None:
+        """W7: the next task of ``component`` (after ``after``) whose window has room; None if all full."""
+        ts = self.components[component]
+        start = (ts.index(after) + 1) if after in ts else self._next[component]
+        for i in range(len(ts)):
+            t = ts[(start + i) % len(ts)]
+            if t != after and self.windows[t].has_room():
+                self._next[component] = (ts.index(t) + 1) % len(ts)
+                return t
+        return None
+
+    def on_sent(self, root: R, target: int, now: float) -> None:
+        self.windows[target].on_sent(root, now)
+        self.target_of[root] = target
+
+    def on_ack(self, root: R, now: float) -> float | None:
+        target = self.target_of.pop(root, None)
+        return None if target is None else self.windows[target].on_ack(root, now)
+
+    def on_fail(self, root: R) -> int | None:
+        """W4: the busy task; None for an unknown root."""
+        target = self.target_of.pop(root, None)
+        if target is not None:
+            self.windows[target].on_fail(root)
+        return target
+
+    def resend_target(self, component: str, busy: int) -> int | None:
+        """W4: where a failed tuple goes again: another task with room, or the same one when keyed."""
+        if component in self.keyed:
+            return busy
+        return self.pick(component, after=busy)
+
+
+class Batcher:
+    """W6: records grouped ``batch`` at a time."""
+
+    def __init__(self, batch: int) -> None:
+        self.batch = batch
+        self.records: list[Any] = []
+
+    def add(self, record: Any) -> list[Any] | None:
+        self.records.append(record)
+        if len(self.records) >= self.batch:
+            return self.flush()
+        return None
+
+    def flush(self) -> list[Any] | None:
+        out, self.records = self.records, []
+        return out or None

@@ -1,0 +1,140 @@
+"""Every rule of the window policy (document 002, W1-W8 of its docstring), pure, fake clock."""
+from __future__ import annotations
+
+import pytest
+
+from backpressure.policy.window import (BUSY, NORMAL, SLOW, Batcher, CumulativeAck, SendWindow, WindowParams,
+                                        WindowSender)
+from topo.config import ConfigError, resolve
+
+P = WindowParams(initial=2, min=1, max=4, rtt_threshold=0.2)
+
+
+def test_defaults_and_config() -> None:
+    p = WindowParams.from_config(resolve({"backpressure.policy": "window", "acking": True}))
+    assert (p.initial, p.min, p.max, p.rtt_threshold, p.batch) == (16, 1, 4096, 0.2, 64)
+    with pytest.raises(ValueError):
+        WindowParams(initial=0)
+
+
+def test_w8_acking_is_required() -> None:
+    with pytest.raises(ConfigError, match="acking"):
+        resolve({"backpressure.policy": "window"})
+    with pytest.raises(ValueError, match="acking"):
+        WindowParams.from_config({"acking": False})
+
+
+def test_w1_a_task_takes_tuples_only_while_its_window_has_room() -> None:
+    w: SendWindow[int] = SendWindow(P)
+    w.on_sent(1, 0.0)
+    assert w.has_room()
+    w.on_sent(2, 0.0)
+    assert not w.has_room() and w.in_flight == {1: 0.0, 2: 0.0}
+
+
+def test_w2_normal_acks_grow_the_window_linearly_up_to_max() -> None:
+    w: SendWindow[int] = SendWindow(P)
+    w.on_sent(1, 0.0)
+    assert w.on_ack(1, 0.2) == pytest.approx(0.2)       # at the threshold: NORMAL
+    assert (w.state, w.window) == (NORMAL, 3.0)
+    for i in range(2, 6):
+        w.on_sent(i, 1.0)
+        w.on_ack(i, 1.01)
+    assert w.window == 4.0                                # max
+
+
+def test_w3_slow_acks_shrink_it_linearly_down_to_min() -> None:
+    w: SendWindow[int] = SendWindow(P)
+    w.on_sent(1, 0.0)
+    w.on_ack(1, 0.25)
+    assert (w.state, w.window) == (SLOW, 1.0)
+    w.on_sent(2, 1.0)
+    w.on_ack(2, 2.0)
+    assert w.window == 1.0                                # min
+    assert w.on_ack(99, 3.0) is None                      # an ack for a root it does not hold: nothing
+
+
+def test_w4_busy_shrinks_by_one_and_resends_to_another_task() -> None:
+    s: WindowSender[str] = WindowSender(P, {"b": [10, 11, 12]})
+    s.on_sent("r", 11, 0.0)
+    assert s.on_fail("r") == 11
+    assert s.windows[11].state == BUSY and s.windows[11].window == 1.0
+    assert s.resend_target("b", 11) == 12                 # the next task after the busy one
+    s.on_sent("x", 12, 0.0)
+    s.on_sent("y", 12, 0.0)
+    assert s.resend_target("b", 11) == 10                 # 12 full: skipped
+    assert s.on_fail("never-sent") is None
+
+
+def test_w4_under_fields_grouping_the_tuple_waits_for_its_task() -> None:
+    s: WindowSender[str] = WindowSender(P, {"b": [10, 11]}, keyed=frozenset({"b"}))
+    s.on_sent("r", 10, 0.0)
+    s.on_fail("r")
+    assert s.resend_target("b", 10) == 10
+
+
+def test_w4_with_no_other_task_with_room_it_waits() -> None:
+    s: WindowSender[str] = WindowSender(WindowParams(initial=1, min=1, max=4), {"b": [10, 11]})
+    s.on_sent("a", 11, 0.0)
+    s.on_sent("r", 10, 0.0)
+    s.on_fail("r")
+    assert s.resend_target("b", 10) is None
+
+
+def test_w5_cumulative_ack_point_and_resume_position() -> None:
+    c = CumulativeAck()
+    assert c.on_ack(1, 0.1)
+    assert not c.on_ack(3, 0.3) and not c.on_ack(4, 0.4)
+    assert (c.point, c.point_rt, c.resume_position) == (1, 0.1, 2)      # acks of 1, 3, 4: the point is 1
+    assert c.on_ack(2, 0.2)
+    assert (c.point, c.point_rt, c.resume_position) == (4, 0.4, 5)      # then 2: it is 4, with 4's rt
+    assert not c.on_ack(2, 0.9)                                        # a duplicate ack changes nothing
+
+
+def test_w5_a_failed_tuple_holds_the_point_until_its_resend_is_acked() -> None:
+    from backpressure.drivers.window import WindowFlowControl
+    fc = WindowFlowControl(P, slow_bytes=100, capacity=200)
+    fc.senders[0] = WindowSender(P, {"b": [10, 11]})
+    fc.acks[0], fc.numbers[0] = CumulativeAck(), {}
+    fc.handles = {0: _H(0, "s"), 10: _H(10, "b"), 11: _H(11, "b")}
+    fc.on_sent(0, 10, "r1", 0.0)
+    fc.on_sent(0, 11, "r2", 0.0)
+    assert fc.on_failed(0, "r1", 0.1) == 10
+    fc.on_acked(0, "r2", 0.1)
+    assert fc.acks[0].point == 0
+    target = fc.resend_target(0, 10)
+    assert target == 11
+    fc.on_sent(0, target, "r1", 0.2)                      # the replay keeps number 1
+    fc.on_acked(0, "r1", 0.3)
+    assert fc.acks[0].point == 2
+
+
+def test_w6_records_go_in_batches() -> None:
+    b = Batcher(3)
+    assert b.add(1) is None and b.add(2) is None
+    assert b.add(3) == [1, 2, 3]
+    b.add(4)
+    assert b.flush() == [4] and b.flush() is None
+
+
+def test_w7_round_robin_skips_full_windows() -> None:
+    s: WindowSender[str] = WindowSender(WindowParams(initial=1, min=1, max=4), {"b": [10, 11, 12]})
+    picks = []
+    for r in "abc":
+        t = s.pick("b")
+        picks.append(t)
+        s.on_sent(r, t, 0.0)
+    assert sorted(picks) == [10, 11, 12]
+    assert s.pick("b") is None                             # every window full
+    s.on_ack(r, 0.01)
+    assert s.pick("b") == picks[-1]
+
+
+class _H:
+    def __init__(self, task_id: int, component: str) -> None:
+        self.task_id, self.component = task_id, component
+        self.upstream_task_ids: list[int] = []
+        self.counted: list[tuple[str, str]] = []
+
+    def count_signal(self, direction: str, kind: str) -> None:
+        self.counted.append((direction, kind))
