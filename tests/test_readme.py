@@ -1,9 +1,12 @@
-"""Every example in README.md works as written and shows what the README says.
+"""Every example in README.md and docs/ works as written and shows what the page says.
 
-The Python blocks run as scripts; a ```text block right after a Python block is its
-output. The YAML block must be `configs/wordcount.yaml`. Every shell command has a
-check below, keyed by the command as the README spells it: a command the README gains
-without a check here fails `test_every_shell_command_is_checked`.
+The Python blocks run as scripts, in order, in one directory per page; a block after
+a line ending in "`name.py`:" (or any other file name) is written to that file
+instead, for the blocks after it to use. A ```text block after "prints" is the
+output of the Python block before it, compared exactly. README's YAML block must be
+`configs/wordcount.yaml`. Every shell command has a check below, keyed by the
+command as the page spells it: a command a page gains without a check here fails
+`test_every_shell_command_is_checked`.
 """
 from __future__ import annotations
 
@@ -23,11 +26,32 @@ from topo.sinks import read_table
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+# Pages whose Python blocks are not yet complete scripts, with why; remove an entry
+# once its page's examples run.
+NOT_RUN = {"checkpoints.md": "its Python block is a fragment of a class, without imports"}
 BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.M | re.S)
+NAMED = re.compile(r"`([\w.-]+\.\w+)`:\s*$")
 
 
-def blocks(lang: str) -> list[str]:
-    return [body for kind, body in BLOCK.findall(README) if kind == lang]
+def blocks(lang: str, text: str = README) -> list[str]:
+    return [body for kind, body in BLOCK.findall(text) if kind == lang]
+
+
+def page_steps(text: str) -> list[tuple[str, str, str | None]]:
+    """(kind, body, file name or None) per block in order; kind "output" for a text
+    block after "prints"."""
+    steps: list[tuple[str, str, str | None]] = []
+    pos = 0
+    for m in BLOCK.finditer(text):
+        before = text[pos:m.start()].rstrip()
+        pos = m.end()
+        kind, body = m.group(1), m.group(2)
+        named = NAMED.search(before.splitlines()[-1]) if before else None
+        if kind == "text" and before.endswith("prints"):
+            kind = "output"
+        steps.append((kind, body, named.group(1) if named else None))
+    return steps
 
 
 def commands(block: str) -> list[str]:
@@ -60,16 +84,35 @@ def _sh(command: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedPr
 
 # -- Python ----------------------------------------------------------------------------
 
+def run_page(text: str, cwd: Path) -> int:
+    """Write the page's named blocks, run its Python blocks, compare shown outputs;
+    returns how many outputs were compared."""
+    last: subprocess.CompletedProcess[str] | None = None
+    compared = 0
+    for kind, body, name in page_steps(text):
+        if name is not None:
+            (cwd / name).write_text(body)
+        elif kind == "python":
+            (cwd / "example.py").write_text(body)
+            last = subprocess.run([sys.executable, "example.py"], cwd=cwd, env=_env(), capture_output=True,
+                                  text=True, timeout=120)
+            assert last.returncode == 0, f"{body}\n---\n{last.stderr}"
+        elif kind == "output":
+            assert last is not None, "an output shown before any example ran"
+            assert last.stdout == body
+            compared += 1
+    return compared
+
+
 def test_the_python_example_runs_and_prints_what_the_readme_shows(tmp_path):
-    pairs = re.findall(r"^```python\n(.*?)^```\n\nprints\n\n```text\n(.*?)^```", README, re.M | re.S)
-    assert pairs, "the Python example is followed by the output it prints"
-    assert len(pairs) == len(blocks("python"))
-    for code, shown in pairs:
-        (tmp_path / "example.py").write_text(code)
-        proc = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, env=_env(), capture_output=True,
-                              text=True, timeout=120)
-        assert proc.returncode == 0, proc.stderr
-        assert proc.stdout == shown
+    assert run_page(README, tmp_path) == len(blocks("python")) >= 1
+
+
+@pytest.mark.parametrize("page", DOCS, ids=[p.name for p in DOCS])
+def test_the_examples_of_a_docs_page_run_and_print_what_it_shows(page, tmp_path):
+    if page.name in NOT_RUN:
+        pytest.skip(NOT_RUN[page.name])
+    run_page(page.read_text(encoding="utf-8"), tmp_path)
 
 
 # -- YAML ------------------------------------------------------------------------------
@@ -138,6 +181,10 @@ def check_metrics_block(block: str, tmp_path: Path) -> None:
 ELSEWHERE = {
     "topo run --engine spark configs/wordcount.yaml":
         "tests/test_spark_engine.py::test_wordcount_same_counts_on_local_and_spark",
+    "pip install 'topo[spark]'": "make test installs the same extra; tests/test_spark_engine.py needs it",
+    "prometheus --config.file=configs/prometheus.yml --storage.tsdb.path=/tmp/topo-prom \\":
+        "tests/test_prometheus.py runs a real Prometheus",
+    "--web.listen-address=127.0.0.1:9090": "the line above's continuation",
 }
 WORDCOUNT = ("topo validate configs/wordcount.yaml", "topo run configs/wordcount.yaml",
              "python -m topo.examples.wordcount wordcount.db")
@@ -146,7 +193,7 @@ METRICS = "topo run configs/slow_stage.yaml --duration 20 --quiet --metrics-port
 
 def test_every_shell_command_is_checked():
     known = {"make run", "make test", *WORDCOUNT, *ELSEWHERE}
-    for block in blocks("sh"):
+    for block in blocks("sh") + [b for page in DOCS for b in blocks("sh", page.read_text(encoding="utf-8"))]:
         cmds = commands(block)
         if cmds[0] == METRICS:
             continue
@@ -170,4 +217,6 @@ def test_wordcount_commands(tmp_path):
 @pytest.mark.skipif(shutil.which("curl") is None, reason="the README's scrape uses curl")
 def test_metrics_example_scrapes_a_running_topology(tmp_path):
     (block,) = [b for b in blocks("sh") if commands(b)[0] == METRICS]
+    metrics_page = (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8")
+    assert block in blocks("sh", metrics_page)          # docs/metrics.md shows the same block
     check_metrics_block(block, tmp_path)
