@@ -23,7 +23,8 @@ What maps, and how (see ``runtime.spark.bolts`` for the run-time side):
   computed once per reader (sources are deterministic by offset, so they agree).
 
 What does not map: other spouts; a ``KeyedBolt`` behind any other grouping, or a
-fields grouping on different fields; groupings without a Spark mapping (custom ones).
+fields grouping on different fields; groupings without a Spark mapping (custom ones);
+window and join bolts (``topo.windows``, ``topo.join``: local engine only for now).
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from topo.groupings import (AllGrouping, FieldsGrouping, GlobalGrouping, LoadAwa
 from topo.sources.spouts import OffsetSpout
 from topo.state import KeyedBolt
 from topo.topology import ComponentSpec, Topology, TopologyError
+from topo.windows import CountWindow, WindowedBolt
 
 SHUFFLE_LIKE = (ShuffleGrouping, LocalOrShuffleGrouping, LoadAwareGrouping)
 STATEFUL_GROUPINGS = (FieldsGrouping, GlobalGrouping, AllGrouping)
@@ -86,7 +88,12 @@ def check(topology: Topology) -> list[str]:
                 f"a micro-batch by offsets, which next_tuple cannot do; use topo.sources.MessageLogSpout "
                 f"or topo.sources.SyntheticSpout")
     for spec in topology.bolts:
-        _, errs = bolt_mode(spec, _proto(spec))
+        proto = _proto(spec)
+        if isinstance(proto, (WindowedBolt, CountWindow)):
+            problems.append(f"bolt {spec.id!r} ({spec.class_name}) is a window or join: windows run on the "
+                            f"local engine only for now (topo run without --engine spark)")
+            continue
+        _, errs = bolt_mode(spec, proto)
         problems.extend(errs)
     return problems
 
