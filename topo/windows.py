@@ -220,9 +220,13 @@ class _Keyed(Bolt):
         self.as_field = as_field or self.aggregate.name
         self.outputs = {DEFAULT_STREAM: (*self.key_fields, "window_start", "window_end", self.as_field)}
         self._key = _key_getter(self.key_fields)
+        # a function without value_field gets whole tuples; a count needs no value at all
+        self._whole = value_field is None and isinstance(self.aggregate, Collect)
 
     def _value(self, tup: Tuple) -> Any:
-        return tup.as_dict() if self.value_field is None else tup[self.value_field]
+        if self.value_field is not None:
+            return tup[self.value_field]
+        return tup.as_dict() if self._whole else None
 
 
 # -- time windows ----------------------------------------------------------------------------
@@ -230,8 +234,6 @@ class _Keyed(Bolt):
 class WindowedBolt(_Keyed):
     """Base of the time windows (see the module docstring); subclasses say which windows a
     timestamp belongs to (``assign``) or merge them (sessions)."""
-
-    merging = False
 
     def __init__(self, *, key_fields: Sequence[str] = (), agg: Any = "count", value_field: str | None = None,
                  as_field: str | None = None, time: str = "event", timestamp_field: str = "ts",
@@ -446,8 +448,6 @@ class SlidingWindow(WindowedBolt):
 
 class SessionWindow(WindowedBolt):
     """Per key, tuples less than ``gap_s`` apart form one session ``[first, last + gap_s)``."""
-
-    merging = True
 
     def __init__(self, gap_s: float, **options: Any) -> None:
         if gap_s <= 0:
