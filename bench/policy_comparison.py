@@ -72,7 +72,8 @@ POLICIES = ("none", "source_stop", "watermark", "stepwise")
 # Named settings measured beside the document's default (see BENCHMARKS.md).
 VARIANTS: dict[str, dict[str, Any]] = {
     "stepwise+fine": {"backpressure.fine_steps": 8},
-    "stepwise+fine+hold": {"backpressure.fine_steps": 8, "backpressure.originv_hold_ms": 2000},
+    "stepwise+tuned": {"backpressure.fine_steps": 8, "backpressure.originv_hold_ms": 10_000,
+                       "backpressure.queue_smoothing_ms": 50},
 }
 SAMPLE_S = 0.05
 BIN_S = 0.25
@@ -142,7 +143,7 @@ class Sink(Bolt):
         box.seen.setdefault(self.name, set()).add(tup[0])
         self.n += 1
         now = time.monotonic()
-        if self.n % 8 == 0 and self.name != "fast" and now - box.t0 >= box.warmup:
+        if self.n % 8 == 0 and self.name != "fast" and tup[1] - box.t0 >= box.warmup:
             box.latency.append(now - tup[1])
         if self.pause and self.n % 1000 == 0:
             await asyncio.sleep(self.pause)
@@ -372,6 +373,39 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def goals(report: dict[str, Any]) -> str:
+    """Issue 10's goals per stepwise variant: in how many cells each holds, and where it does not."""
+    cells = report["cells"]
+
+    def ref(c: dict[str, Any], policy: str) -> dict[str, Any] | None:
+        return next((x for x in cells if x["scenario"] == c["scenario"] and x["acking"] == c["acking"]
+                     and x["policy"] == policy), None)
+
+    checks: dict[str, Callable[[dict[str, Any]], bool | None]] = {
+        "loses nothing": lambda c: c["lost"] == 0,
+        "goodput >= 0.95": lambda c: c.get("goodput") is not None and c["goodput"] >= 0.95,
+        "p99 <= source_stop's": lambda c: (None if (r := ref(c, "source_stop")) is None or r.get("p99_ms") is None
+                                           or c.get("p99_ms") is None else c["p99_ms"] <= r["p99_ms"]),
+        "rate CoV <= 1/3 source_stop's": lambda c: (None if (r := ref(c, "source_stop")) is None
+                                                    or r.get("rate_cov") is None or c.get("rate_cov") is None
+                                                    else c["rate_cov"] <= r["rate_cov"] / 3),
+        "(c) fast branch >= 0.95": lambda c: None if "fast_ratio" not in c else c["fast_ratio"] >= 0.95,
+        "peak queue <= bound": lambda c: c["peak_queue"] <= 1.0,
+    }
+    policies = [p for p in dict.fromkeys(c["policy"] for c in cells) if p.startswith("stepwise")]
+    rows = ["| goal | " + " | ".join(policies) + " |", "|---" * (len(policies) + 1) + "|"]
+    for name, check in checks.items():
+        row = [name]
+        for p in policies:
+            mine = [c for c in cells if c["policy"] == p]
+            verdicts = [(c, check(c)) for c in mine]
+            judged = [(c, v) for c, v in verdicts if v is not None]
+            missed = [f"{c['scenario']}{'+ack' if c['acking'] else ''}" for c, v in judged if not v]
+            row.append(f"{len(judged) - len(missed)}/{len(judged)}" + (f" (not: {', '.join(missed)})" if missed else ""))
+        rows.append("| " + " | ".join(row) + " |")
+    return "\n".join(rows)
+
+
 def plot(report: dict[str, Any], out_dir: Path) -> list[Path]:
     """One PNG per scenario (acking off): the spout's emit rate and the sink queue over time."""
     import matplotlib
@@ -413,7 +447,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeat", type=int, default=2, help="runs of each default stepwise cell (spread reported)")
     ap.add_argument("--quick", action="store_true", help="scenarios a, c, e; stepwise once; no variants")
     ap.add_argument("--out", default=str(RESULTS), help="directory for the JSON and PNGs")
+    ap.add_argument("--report", metavar="JSON", help="print the tables of an earlier run; run nothing")
     args = ap.parse_args(argv if argv is not None else [])
+    if args.report:
+        done = json.loads(Path(args.report).read_text())
+        print(table(done))
+        print()
+        print(goals(done))
+        return
     policies = POLICIES + tuple(VARIANTS)
     keys, repeat = args.scenarios, args.repeat
     if args.quick:
@@ -428,6 +469,8 @@ def main(argv: list[str] | None = None) -> None:
     name = "policy_comparison_quick.json" if args.quick else "policy_comparison.json"
     (out_dir / name).write_text(json.dumps(report, indent=1) + "\n")
     print(table(report))
+    print()
+    print(goals(report))
     print(f"wrote {out_dir / name}")
 
 

@@ -730,3 +730,39 @@ def test_an_overload_coming_back_soon_continues_the_episode_with_half_the_last_s
     assert th.k == 0
     w.check(d, 16.5 + params.originv_memory + 1.0, HIGH)   # long after: a new episode, a whole step
     assert th.k == 8
+
+
+def test_queue_smoothing_ignores_a_millisecond_spike_but_not_a_sustained_overload() -> None:
+    params = StepwiseParams(step=0.5, high_mark=HIGH, low_mark=LOW, sensitivity=2.0, rate_floor=1.0,
+                            queue_smoothing=0.05)
+    w = World(params)
+    d = Downstream(10, [1], params, 0.0)
+    spiky = [(round(i * 0.001, 3), 2 * HIGH if i % 100 == 0 else 0) for i in range(1, 3000)]
+    for t, q in spiky:                       # 2x the high mark for 1 ms in every 100 ms
+        tick(w, d, t, q)
+    assert 1 not in w.throttles or w.throttles[1].k == 0
+    raw = Downstream(11, [2], P, 0.0)        # the document's reading: the first spike is an overload
+    assert [s.target for t, q in spiky[:200] for s in tick(w, raw, t, q)] == [2]
+    t = 3.0
+    while not (1 in w.throttles and w.throttles[1].k):     # now it stays over the mark
+        t = round(t + 0.001, 3)
+        tick(w, d, t, 2 * HIGH)
+    assert t - 3.0 < 0.1                     # within about one time constant
+
+
+def test_restart_of_the_upstream_a_new_throttle_takes_the_published_hold_one_step_at_a_time() -> None:
+    w = World(rates={1: 16_000.0})
+    d = Downstream(10, [1], P, 0.0, run=5)
+    for i in range(3):
+        w.check(d, 2.0 * i, HIGH)
+    assert d.wants == {1: 3}
+    fresh = Throttle(1, P)                   # the upstream's process restarted: it knows no hold
+    w.throttles[1] = fresh
+    fresh.reconcile(10, d.wants[1], d.run, d.seq, 16_000.0, 7.0)    # the downstream's state record
+    assert fresh.k == 1 and fresh.holds == {10: 1}
+    t = 7.0
+    while fresh.k or d.holds:                # the downstream goes light: both sides end at 0
+        t += 2.0
+        w.check(d, t, LOW)
+        assert t < 30.0
+    assert fresh.rate is None and fresh.nominal_rate == fresh.originv

@@ -223,6 +223,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("backpressure.fine_steps", 1, _int, "stepwise: a step may be split into up to this many parts when the rate cycles between two neighbouring steps (halved at each reversal); 1 is document 000", check=_between(1, 64)),
     Setting("backpressure.originv_memory_ms", 6000.0, _float, "stepwise: an episode starting this soon after the last one ended keeps its originv when the measured rate is lower (the rate meter lags a release)", check=_between(0, HOUR_MS)),
     Setting("backpressure.originv_hold_ms", 0.0, _float, "stepwise: after the last step is released the limit stays at exactly originv this long before the limiter turns off (0: at once, document 000)", check=_between(0, HOUR_MS)),
+    Setting("backpressure.queue_smoothing_ms", 0.0, _float, "stepwise: read the marks on an exponential average of the queue bytes with this time constant, so millisecond spikes are neither an overload nor break a light window (0: raw bytes, document 000)", check=_between(0, HOUR_MS)),
     Setting("backpressure.source_stop.stop_rate", 200.0, _float, "source_stop: tuples/s a stopped spout may still emit (a resume waits out one emit call at this rate)", check=_between(0, MAX_RATE, above=True)),
     Setting("backpressure.water_mark.high", 0.8, _float, "watermark: fraction of queue.hard_bound at or over which a task is overloaded (document 003)", check=_fraction),
     Setting("backpressure.water_mark.low", 0.2, _float, "watermark: fraction of queue.hard_bound at or under which an overloaded task has recovered", check=_fraction),

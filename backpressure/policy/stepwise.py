@@ -56,6 +56,11 @@ The document's steps, and how they read here
   limiter is turned off: a source that can emit faster than the bottleneck (one
   whose ``originv`` was measured while it waited on the hard bound) then does not
   burst into the queue at every release.
+* The marks are read on the raw queue bytes, as in the document. With the
+  ``queue_smoothing`` setting they are read on an exponential average of the
+  observations with that time constant instead, so a spike of a few milliseconds
+  (a bolt that pauses briefly while its source runs free) neither counts as an
+  overload nor breaks a light window.
 * Rate floor: ``k`` never goes past ``k_max``, the largest with a rate at or over
   ``rate_floor``, and the upstream publishes ``at_floor`` so its downstreams stop
   asking. An upstream whose measured rate is 0 or too low to take even one step
@@ -97,11 +102,12 @@ so the rate closes in on the capacity by bisection; from the third move in the
 same direction on, each doubles the step back (up to a whole one), so a sustained
 recovery, or a capacity that keeps falling, still moves in whole steps. An overload
 that comes back within ``originv_memory`` of the end of an episode continues it
-(a reversal: half the last step) instead of starting over with a whole step. ``n = 1`` is the
-document exactly.
+(a reversal: half the last step) instead of starting over with a whole step.
+``n = 1`` is the document exactly.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
@@ -114,7 +120,7 @@ LIGHT = "light"
 
 @dataclass(frozen=True)
 class StepwiseParams:
-    """The document's knobs: v' (``step``), the marks, ``sensitivity`` and a floor; plus two settings."""
+    """The document's knobs (v' as ``step``, the marks, ``sensitivity``, a floor) and the settings beyond it."""
 
     step: float = 0.5
     high_mark: int = 50_000_000
@@ -125,6 +131,7 @@ class StepwiseParams:
     fine_steps: int = 1                 # a step may be split into up to this many parts (1: the document)
     originv_memory: float = 6.0         # seconds after an episode in which its originv still stands
     originv_hold: float = 0.0           # seconds the limit stays at exactly originv after the last release
+    queue_smoothing: float = 0.0        # time constant (s) of the queue level the marks are read on (0: raw)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.step < 1.0:
@@ -133,8 +140,8 @@ class StepwiseParams:
             raise ValueError("low_mark must be below high_mark")
         if self.sensitivity <= 0 or self.rate_floor <= 0 or self.resend_factor <= 0:
             raise ValueError("sensitivity, rate_floor and resend_factor must be > 0")
-        if self.fine_steps < 1 or self.originv_memory < 0 or self.originv_hold < 0:
-            raise ValueError("fine_steps must be >= 1, originv_memory and originv_hold >= 0")
+        if self.fine_steps < 1 or min(self.originv_memory, self.originv_hold, self.queue_smoothing) < 0:
+            raise ValueError("fine_steps must be >= 1; originv_memory, originv_hold, queue_smoothing >= 0")
 
     @property
     def resend_after(self) -> float:
@@ -148,7 +155,8 @@ class StepwiseParams:
                    rate_floor=float(config["backpressure.rate_floor"]),
                    fine_steps=int(config.get("backpressure.fine_steps", 1)),
                    originv_memory=float(config.get("backpressure.originv_memory_ms", 6000.0)) / 1000.0,
-                   originv_hold=float(config.get("backpressure.originv_hold_ms", 0.0)) / 1000.0)
+                   originv_hold=float(config.get("backpressure.originv_hold_ms", 0.0)) / 1000.0,
+                   queue_smoothing=float(config.get("backpressure.queue_smoothing_ms", 0.0)) / 1000.0)
 
 
 def scaled_rate(originv: float, step: float, k: int, fine_steps: int) -> float:
@@ -199,14 +207,29 @@ class Downstream:
         self.ended_at: dict[int, float] = {}  # light holding nothing on u since (the episode ended)
         self.level = NORMAL
         self.last_check = now
-        self.last_bytes: int | None = None    # queue bytes at the previous periodic check
+        self.last_bytes: float | None = None  # queue level at the previous periodic check
         self.low_since: float | None = None
         self.retry_at: float | None = None    # an overloaded check that could not act: retry from then
         self.blocked: set[int] = set()
+        self.smoothed: float | None = None    # the queue level under queue_smoothing
+        self.last_obs = now
 
-    def observe(self, now: float, queue_bytes: int) -> bool:
+    def _level(self, now: float, queue_bytes: float) -> float:
+        """The queue level the marks are read on: raw bytes, or their EWMA (``queue_smoothing``)."""
+        tau = self.params.queue_smoothing
+        if tau <= 0:
+            return queue_bytes
+        if self.smoothed is None:
+            self.smoothed = float(queue_bytes)
+        elif now > self.last_obs:
+            self.smoothed += (1.0 - math.exp((self.last_obs - now) / tau)) * (queue_bytes - self.smoothed)
+        self.last_obs = max(now, self.last_obs)
+        return self.smoothed
+
+    def observe(self, now: float, queue_bytes: float) -> bool:
         """Record one observation (cheap, on the hot path); True when ``check`` is due."""
         p = self.params
+        queue_bytes = self._level(now, queue_bytes)
         if queue_bytes <= p.low_mark:
             if self.low_since is None:
                 self.low_since = now
@@ -222,10 +245,16 @@ class Downstream:
                     return True
         return now - self.last_check >= p.sensitivity
 
-    def check(self, now: float, queue_bytes: int,
+    def check(self, now: float, queue_bytes: float,
               view: Callable[[int], UpstreamView | None]) -> list[Signal]:
-        """The document's steps 3-15 for this task; returns the signals to send."""
+        """The document's steps 3-15 for this task; returns the signals to send.
+
+        ``queue_bytes`` is the one ``observe`` just saw (under ``queue_smoothing`` the
+        smoothed level is used, as ``observe`` left it).
+        """
         p = self.params
+        if self.smoothed is not None:
+            queue_bytes = self.smoothed
         out: list[Signal] = []
         for u in self.upstreams:
             self._ack_or_resend(u, view(u) or _NO_VIEW, now, out)
