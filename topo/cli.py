@@ -100,6 +100,16 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     status.set_defaults(func=cmd_status)
 
+    zk = sub.add_parser("zk", help="ZooKeeper housekeeping: secure a topology's znodes")
+    zk_sub = zk.add_subparsers(dest="zk_command", required=True, metavar="ZK_COMMAND")
+    secure = zk_sub.add_parser("secure", help="give a topology's existing znodes the creator-only ACL of the "
+                               "credentials in TOPO_ZK_AUTH (or --auth-file)")
+    secure.add_argument("url", help="zookeeper://host:port/root")
+    secure.add_argument("name", help="topology name")
+    secure.add_argument("--auth-file", metavar="PATH", help="file with one line SCHEME:CREDENTIALS")
+    secure.add_argument("--read-open", action="store_true", help="let anyone read them (zookeeper.read_open)")
+    secure.set_defaults(func=cmd_zk_secure)
+
     bench = sub.add_parser("bench", help="run the benchmark scenarios (python -m bench)", add_help=False)
     bench.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     bench.set_defaults(func=cmd_bench)
@@ -240,11 +250,13 @@ def preflight(spec: TopologySpec, config: dict[str, Any], args: argparse.Namespa
                        f"cannot listen on {host}:{port}: {e.strerror or e}", port)
     url = str(config.get("coordinator", ""))
     if url.startswith("zookeeper://") and config.get("backpressure.policy") == "stepwise":
+        from backpressure.coordinator.access import Tls, auth_from_config
         from backpressure.coordinator.base import StoreUnavailable
         from backpressure.coordinator.zookeeper import probe
 
+        auth, tls = auth_from_config(config), Tls.from_config(config)   # CredentialsError: one line, exit 1
         try:
-            probe(url, float(config["zookeeper.connect_timeout_s"]))
+            probe(url, float(config["zookeeper.connect_timeout_s"]), auth, tls)
         except StoreUnavailable as e:
             refuse(setting_source(spec, args, "coordinator"), str(e), url)
 
@@ -300,6 +312,21 @@ def summary(topology: Any, result: Any, elapsed: float) -> str:
     return "\n".join(lines)
 
 
+def cmd_zk_secure(args: argparse.Namespace) -> int:
+    from backpressure.coordinator.access import CredentialsError, load_auth
+    from backpressure.coordinator.zookeeper import secure
+
+    if not _ZK.match(args.url):
+        raise UsageError(f"url: expected zookeeper://host:port/root (got {args.url!r})")
+    auth = load_auth(args.auth_file)
+    if auth is None:
+        raise CredentialsError("no credentials: set TOPO_ZK_AUTH=SCHEME:CREDENTIALS or give --auth-file PATH")
+    n = secure(args.url, args.name, auth, read_open=args.read_open)
+    print(f"topology {args.name!r}: {n} znodes under {args.url} now creator-only for {auth.user!r}"
+          + (" (readable by anyone)" if args.read_open else ""))
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     try:
         from topo.status import status_command
@@ -351,7 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _one_line(args: argparse.Namespace, error: Exception) -> int:
     """Print ``error`` as the one line of the error contract; return the exit status."""
-    from backpressure.coordinator.base import RunConflict, StoreUnavailable
+    from backpressure.coordinator.base import CredentialsError, NotAuthorized, RunConflict, StoreUnavailable
 
     try:
         raise error
@@ -364,7 +391,7 @@ def _one_line(args: argparse.Namespace, error: Exception) -> int:
     except EnvironmentProblem as e:
         print(e, file=sys.stderr)
         return ENVIRONMENT_ERROR
-    except (RunConflict, StoreUnavailable, OSError) as e:
+    except (RunConflict, StoreUnavailable, NotAuthorized, CredentialsError, OSError) as e:
         print(f"topo {args.command}: {e}", file=sys.stderr)
         return ENVIRONMENT_ERROR
     except EngineUnavailable as e:

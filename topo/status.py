@@ -22,6 +22,10 @@ Usage::
     topo status topology.yaml                 # uses its coordinator / status.path
     topo status --zk zookeeper://127.0.0.1:2181/topo --name wordcount
     topo status --file /tmp/wordcount.status.json [--json]
+
+A topology whose znodes are protected (``zookeeper.auth_file`` or ``TOPO_ZK_AUTH``)
+is read with the same credentials: the environment, ``--auth-file PATH`` or the
+topology.yaml's setting; without them ZooKeeper's NoAuth is one line, exit 1.
 """
 from __future__ import annotations
 
@@ -146,6 +150,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--file", metavar="PATH", help="read the status file a run writes (status.path)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for ZooKeeper")
+    p.add_argument("--auth-file", metavar="PATH", help="ZooKeeper credentials, one line SCHEME:CREDENTIALS "
+                   "(TOPO_ZK_AUTH wins; default: the topology.yaml's zookeeper.auth_file)")
+    p.add_argument("--tls-ca", metavar="PATH", help="connect to ZooKeeper with TLS, trusting this CA (PEM)")
+    p.add_argument("--tls-cert", metavar="PATH", help="client certificate (PEM) for TLS, with --tls-key")
+    p.add_argument("--tls-key", metavar="PATH", help="private key (PEM) of --tls-cert")
     return p
 
 
@@ -170,12 +179,15 @@ def status_command(args: argparse.Namespace) -> int:
 def collect(ns: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
     """Find the source the options point at and read its rows."""
     zk, name, path = getattr(ns, "zk", None), getattr(ns, "name", None), getattr(ns, "file", None)
+    access: dict[str, Any] = {"zookeeper.auth_file": getattr(ns, "auth_file", None)}
+    access.update({f"zookeeper.tls.{k}": getattr(ns, f"tls_{k}", None) for k in ("ca", "cert", "key")})
     if getattr(ns, "topology", None):
         from topo.spec import load_spec
 
         spec = load_spec(ns.topology)
         config = spec.resolve_config({})
         name = name or spec.topology.name
+        access = {k: v if v is not None else config.get(k) for k, v in access.items()}
         if not zk and not path:
             coordinator = str(config.get("coordinator", "embedded"))
             if coordinator.startswith("zookeeper://"):
@@ -187,7 +199,15 @@ def collect(ns: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
     if zk:
         if not name:
             raise StatusError("--zk needs the topology's name (--name NAME or a topology.yaml)")
-        return read_zookeeper(zk, name, float(getattr(ns, "timeout", 5.0)))
+        from backpressure.coordinator.base import CredentialsError
+
+        try:
+            from backpressure.coordinator.access import Tls, auth_from_config
+
+            auth, tls = auth_from_config(access), Tls.from_config(access)
+        except CredentialsError as e:
+            raise StatusError(str(e)) from None
+        return read_zookeeper(zk, name, float(getattr(ns, "timeout", 5.0)), auth, tls)
     return read_file(default_status_path(name) if name else last_run())
 
 
@@ -212,13 +232,14 @@ def read_file(path: str | os.PathLike[str]) -> tuple[str, list[dict[str, Any]]]:
     return title, rows
 
 
-def read_zookeeper(url: str, name: str, timeout: float = 5.0) -> tuple[str, list[dict[str, Any]]]:
-    from kazoo.client import KazooClient
-    from kazoo.exceptions import NoNodeError
-    from kazoo.handlers.threading import KazooTimeoutError
+def read_zookeeper(url: str, name: str, timeout: float = 5.0, auth: Any = None,
+                   tls: Any = None) -> tuple[str, list[dict[str, Any]]]:
+    """The rows of ``taskstate/`` under ``url`` for topology ``name``, read with ``auth``
+    (``access.ZkAuth``) and ``tls`` (``access.Tls``) when given."""
+    from kazoo.exceptions import NoAuthError, NoNodeError
 
-    from backpressure.coordinator.base import ZnodeLayout
-    from backpressure.coordinator.zookeeper import kazoo_log, parse_zookeeper_url
+    from backpressure.coordinator.base import NotAuthorized, StoreUnavailable, ZnodeLayout
+    from backpressure.coordinator.zookeeper import connect, parse_zookeeper_url
     from backpressure.signals import SignalError, TaskState
 
     hosts, root = parse_zookeeper_url(url)
@@ -227,24 +248,25 @@ def read_zookeeper(url: str, name: str, timeout: float = 5.0) -> tuple[str, list
         layout = ZnodeLayout(name, root)
     except ValueError:      # a name no topology can have
         raise missing from None
-    client = KazooClient(hosts=hosts, timeout=max(timeout, 1.0), logger=kazoo_log)
     try:
-        client.start(timeout)
-    except KazooTimeoutError:
-        client.stop()
-        client.close()
-        raise StatusError(f"cannot reach ZooKeeper at {hosts} within {timeout:g}s") from None
+        client = connect(url, timeout, auth, tls)
+    except (StoreUnavailable, NotAuthorized) as e:
+        raise StatusError(str(e)) from None
     try:
         try:
             children = client.get_children(layout.states)
         except NoNodeError:
             raise missing from None
+        except NoAuthError:
+            raise StatusError(f"{layout.states} on {hosts} is readable only with its credentials: " + (
+                f"{auth} are not they" if auth is not None else
+                "none given; set TOPO_ZK_AUTH=SCHEME:CREDENTIALS or --auth-file PATH")) from None
         rows = []
         for child in children:
             try:
                 data, _ = client.get(layout.state(child))
                 rows.append(TaskState.decode(data).row())
-            except NoNodeError:
+            except (NoNodeError, NoAuthError):
                 continue
             except SignalError as e:
                 print(f"topo status: skipping {layout.state(child)}: {e}", file=sys.stderr)

@@ -51,7 +51,7 @@ import os
 import re
 import socket
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Callable, Iterable, Protocol, TypeVar
 
@@ -80,6 +80,14 @@ class NodeExists(Exception):
 
 class StoreUnavailable(Exception):
     """No session right now (connection lost, session expired, store closed)."""
+
+
+class NotAuthorized(Exception):
+    """ZooKeeper refused an operation (NoAuth) or a tree's ACL is not this run's: one line, no secret."""
+
+
+class CredentialsError(Exception):
+    """ZooKeeper credentials cannot be read or are malformed: one line that never shows them."""
 
 
 class RunConflict(Exception):
@@ -228,7 +236,11 @@ class Coordinator:
         self.send_queue = SendQueue()
         self.trigger_queue: asyncio.Queue[Signal] = asyncio.Queue()
         self.connected = asyncio.Event()
-        self.counters = {"created": 0, "consumed": 0, "malformed": 0, "resyncs": 0, "retries": 0}
+        self.counters = {"created": 0, "consumed": 0, "malformed": 0, "resyncs": 0, "retries": 0,
+                         "tampered": 0, "refused": 0}
+        self._tamper_said: set[str] = set()
+        self._recent: dict[int, deque[bytes]] = {}  # our last payloads per local task (tamper check)
+        self._written: set[int] = set()             # local tasks whose state we have written
         self._local: set[int] = set()
         self._on_state: StateCallback = lambda task, state: None
         self._published: dict[int, bytes] = {}     # last payload per local task (re-publish)
@@ -257,11 +269,8 @@ class Coordinator:
         await self.store.start()
         self.connected.set()
         try:
-            for path in (self.layout.messages, self.layout.states, self.layout.locks):
-                try:
-                    await self.store.create(path, b"", makepath=True)
-                except NodeExists:
-                    pass
+            await self._check_tree()
+            await self._make_tree()
             await self._claim_tasks()
         except BaseException:
             await self._release_claims()
@@ -275,6 +284,32 @@ class Coordinator:
         self._msg_wake.set()
         self._state_wake.set()
         await self.read_states_once()
+
+    async def _check_tree(self) -> None:
+        """Refuse a tree this coordinator must not use (ZooKeeper: an ACL not its own)."""
+
+    async def _make_tree(self) -> None:
+        for path in (self.layout.messages, self.layout.states, self.layout.locks):
+            try:
+                await self.store.create(path, b"", makepath=True)
+            except NodeExists:
+                pass
+
+    def tampered(self, what: str) -> None:
+        """Another client changed this topology's znodes under our feet: say so (once per kind)."""
+        self.counters["tampered"] += 1
+        if what not in self._tamper_said:
+            self._tamper_said.add(what)
+            log.error("topology %r: %s under %s by another client while this run was using it; "
+                      "protect the tree with credentials (TOPO_ZK_AUTH or zookeeper.auth_file)",
+                      self.layout.topology, what, self.layout.base)
+
+    async def _tree_gone(self) -> None:
+        self.tampered("its znodes were deleted")
+        try:
+            await self._make_tree()
+        except NoNode:
+            pass
 
     async def stop(self, flush_timeout: float = 2.0) -> None:
         """Flush what is queued (bounded), remove our state znodes, close the session."""
@@ -294,6 +329,9 @@ class Coordinator:
         await self._release_claims()
         await self.store.close()
         self._started = False
+        if self.counters["tampered"]:
+            log.error("topology %r: its znodes under %s were changed by another client %d time(s) during this run",
+                      self.layout.topology, self.layout.base, self.counters["tampered"])
 
     # -- one run per topology name -----------------------------------------------------
 
@@ -380,6 +418,7 @@ class Coordinator:
     def publish(self, state: TaskState) -> None:
         """Queue ``state`` for ``taskstate/<task>``; newer publishes of a task replace older ones."""
         payload = state.encode()
+        self._recent.setdefault(state.task, deque(maxlen=32)).append(payload)
         self._published[state.task] = payload
         self._dirty[state.task] = payload
         self._pub_wake.set()
@@ -414,6 +453,11 @@ class Coordinator:
             try:
                 await self.store.create(self.layout.message_prefix(sig.target), sig.encode(), sequence=True)
                 self.counters["created"] += 1
+            except NoNode:
+                self.send_queue.putback(sig)
+                await self._tree_gone()
+            except NotAuthorized as e:
+                self._refused(e)
             except StoreUnavailable:
                 # A create lost with the connection may have happened anyway: a duplicate
                 # is harmless (the target ignores a seq it has applied).
@@ -429,6 +473,12 @@ class Coordinator:
             self._msg_wake.clear()
             try:
                 await self._drain_messages()
+            except NoNode:
+                await self._tree_gone()
+                self._msg_wake.set()
+            except NotAuthorized as e:
+                self._refused(e)
+                await asyncio.sleep(1.0)
             except StoreUnavailable:
                 self._msg_wake.set()
                 await self._await_connection()
@@ -476,6 +526,12 @@ class Coordinator:
                 self._busy += 1
                 try:
                     await self._upsert(self.layout.state(task), payload)
+                    self._written.add(task)
+                except NoNode:
+                    self._dirty.setdefault(task, payload)
+                    await self._tree_gone()
+                except NotAuthorized as e:
+                    self._refused(e)
                 except StoreUnavailable:
                     self._dirty.setdefault(task, payload)
                     await self._await_connection()
@@ -498,6 +554,15 @@ class Coordinator:
             self._state_wake.clear()
             try:
                 names = await self.store.children(self.layout.states, watch=self._on_state_children)
+            except NoNode:
+                await self._tree_gone()
+                self._state_wake.set()
+                continue
+            except NotAuthorized as e:
+                self._refused(e)
+                await asyncio.sleep(1.0)
+                self._state_wake.set()
+                continue
             except StoreUnavailable:
                 self._state_wake.set()
                 await self._await_connection()
@@ -535,6 +600,11 @@ class Coordinator:
             data = await self.store.get(self.layout.state(name), watch=self._on_state_data if watch else None)
         except NoNode:
             self._state_gone(task)
+            return None
+        if task in self._written and data not in self._recent.get(task, ()) and not self._closing:
+            self.tampered(f"the state of its task {task} was overwritten")
+            self._dirty.setdefault(task, self._published[task])
+            self._pub_wake.set()
             return None
         state = self._decode(TaskState, data, self.layout.state(name), "task", task)
         if state is None:
@@ -605,6 +675,11 @@ class Coordinator:
         self._state_wake.set()
         for task in list(self._known_states):
             self._refresh(str(task))
+
+    def _refused(self, error: Exception) -> None:
+        self.counters["refused"] += 1
+        if self.counters["refused"] == 1:
+            log.error("topology %r: %s", self.layout.topology, error)
 
     async def _await_connection(self) -> None:
         self.counters["retries"] += 1

@@ -28,18 +28,20 @@ from typing import Any, Callable
 from urllib.parse import urlparse
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import (ConnectionClosedError, ConnectionLoss, NodeExistsError, NoNodeError,
-                              OperationTimeoutError, SessionExpiredError)
+from kazoo.exceptions import (AuthFailedError, ConnectionClosedError, ConnectionLoss, NoAuthError,
+                              NodeExistsError, NoNodeError, OperationTimeoutError, SessionExpiredError)
 from kazoo.protocol.states import EventType, WatchedEvent
 
 from backpressure.coordinator.base import (CHANGED, CHILD, CONNECTED, CREATED, DELETED, DEFAULT_ROOT, LOST,
-                                           SESSION, SUSPENDED, Coordinator, NodeExists, NoNode,
-                                           StoreUnavailable, WatchEvent, Watcher)
+                                           SESSION, SUSPENDED, Coordinator, NodeExists, NoNode, NotAuthorized,
+                                           StoreUnavailable, WatchEvent, Watcher, ZnodeLayout)
+from backpressure.coordinator.access import Tls, ZkAuth, acl_problem, redact
 
 log = logging.getLogger(__name__)
 kazoo_log = logging.getLogger(__name__ + ".kazoo")
 if kazoo_log.level == logging.NOTSET:
     kazoo_log.setLevel(logging.CRITICAL)
+kazoo_log.addFilter(redact)         # whatever kazoo logs, no credential in it
 
 _UNAVAILABLE = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, OperationTimeoutError)
 _EVENTS = {EventType.CREATED: CREATED, EventType.DELETED: DELETED, EventType.CHANGED: CHANGED,
@@ -56,31 +58,92 @@ def parse_zookeeper_url(url: str) -> tuple[str, str]:
     return parsed.netloc, root
 
 
-def probe(url: str, timeout: float) -> None:
-    """Connect to the ZooKeeper at ``url`` and leave; ``StoreUnavailable`` (one line)
-    when nobody answers within ``timeout`` seconds."""
+def client_args(auth: ZkAuth | None, tls: Tls | None) -> dict[str, Any]:
+    """kazoo's own auth and TLS arguments (``auth_data``, ``default_acl``, ``use_ssl``...)."""
+    out: dict[str, Any] = {}
+    if auth is not None:
+        out["auth_data"] = auth.auth_data()
+    if tls is not None:
+        out.update(tls.kazoo_args())
+    return out
+
+
+def unreachable(hosts: str, timeout: float, tls: Tls | None) -> str:
+    """The one line for a connection that did not come up within ``timeout``."""
+    problem = tls.handshake_problem(hosts, timeout) if tls is not None else None
+    return problem or f"cannot reach ZooKeeper at {hosts} within {timeout:g}s"
+
+
+def connect(url: str, timeout: float, auth: ZkAuth | None = None, tls: Tls | None = None) -> KazooClient:
+    """A started blocking kazoo client (for commands, not the event loop); one line on failure."""
     hosts, _ = parse_zookeeper_url(url)
     client = KazooClient(hosts=hosts, timeout=max(timeout, 1.0), logger=kazoo_log,
-                         connection_retry={"max_tries": -1, "delay": 0.05, "max_delay": 0.5})
+                         connection_retry={"max_tries": -1, "delay": 0.05, "max_delay": 0.5},
+                         **client_args(auth, tls))
     try:
         client.start(timeout)
+    except AuthFailedError:
+        _close(client)
+        raise NotAuthorized(f"ZooKeeper at {hosts} refused the credentials ({auth})") from None
     except Exception:
-        raise StoreUnavailable(f"cannot reach ZooKeeper at {hosts} within {timeout:g}s") from None
-    finally:
+        _close(client)
+        raise StoreUnavailable(unreachable(hosts, timeout, tls)) from None
+    return client
+
+
+def _close(client: KazooClient) -> None:
+    try:
         client.stop()
+    finally:
         client.close()
+
+
+def probe(url: str, timeout: float, auth: ZkAuth | None = None, tls: Tls | None = None) -> None:
+    """Connect to the ZooKeeper at ``url`` and leave; ``StoreUnavailable`` (one line)
+    when nobody answers within ``timeout`` seconds."""
+    _close(connect(url, timeout, auth, tls))
+
+
+def secure(url: str, topology: str, auth: ZkAuth, read_open: bool = False, timeout: float = 5.0) -> int:
+    """Give the tree of ``topology`` under ``url``'s root the ACL a run with ``auth``
+    makes (``topo zk secure``); returns how many znodes were changed. Needs the right
+    to change their ACLs: an open tree, or ZooKeeper's super user."""
+    layout = ZnodeLayout(topology, parse_zookeeper_url(url)[1])
+    acl = auth.acl(read_open)
+    client = connect(url, timeout, auth)
+    changed = 0
+    try:
+        todo = [layout.base]
+        while todo:
+            path = todo.pop()
+            try:
+                client.set_acls(path, acl)
+                changed += 1
+                todo.extend(f"{path}/{c}" for c in client.get_children(path))
+            except NoNodeError:
+                continue
+            except NoAuthError:
+                raise NotAuthorized(f"not allowed to change the ACL of {path} with {auth}: "
+                                    "only its creator or ZooKeeper's super user may") from None
+    finally:
+        _close(client)
+    return changed
 
 
 class KazooStore:
     """A ``Store`` on kazoo's asynchronous API."""
 
-    def __init__(self, hosts: str, session_timeout: float = 10.0, connect_timeout: float = 15.0) -> None:
+    def __init__(self, hosts: str, session_timeout: float = 10.0, connect_timeout: float = 15.0, *,
+                 auth: ZkAuth | None = None, read_open: bool = False, tls: Tls | None = None) -> None:
         self.hosts = hosts
         self.connect_timeout = connect_timeout
+        self.auth = auth
+        self.tls = tls
+        self.acl = auth.acl(read_open) if auth is not None else None   # every znode we create gets it
         self.client = KazooClient(hosts=hosts, timeout=session_timeout,
                                   connection_retry={"max_tries": -1, "delay": 0.05, "backoff": 1.5,
                                                     "max_delay": 1.0},
-                                  command_retry=None, logger=kazoo_log)
+                                  command_retry=None, logger=kazoo_log, **client_args(auth, tls))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._listeners: list[Callable[[str], None]] = []
         self._connected_once = False
@@ -91,10 +154,13 @@ class KazooStore:
         self._loop = asyncio.get_running_loop()
         try:
             await self._loop.run_in_executor(None, self.client.start, self.connect_timeout)
+        except AuthFailedError:
+            await self._loop.run_in_executor(None, self._stop_and_close)
+            raise NotAuthorized(f"ZooKeeper at {self.hosts} refused the credentials ({self.auth})") from None
         except Exception:
             await self._loop.run_in_executor(None, self._stop_and_close)   # no retrying behind our back
-            raise StoreUnavailable(f"cannot reach ZooKeeper at {self.hosts} "
-                                   f"within {self.connect_timeout:g}s") from None
+            reason = await self._loop.run_in_executor(None, unreachable, self.hosts, self.connect_timeout, self.tls)
+            raise StoreUnavailable(reason) from None
 
     async def close(self) -> None:
         self._closing = True
@@ -119,31 +185,39 @@ class KazooStore:
 
     async def create(self, path: str, data: bytes = b"", *, ephemeral: bool = False,
                      sequence: bool = False, makepath: bool = False) -> str:
-        return await self._await(self.client.create_async(path, data, ephemeral=ephemeral,
-                                                          sequence=sequence, makepath=makepath))
+        return await self._await(self.client.create_async(path, data, acl=self.acl, ephemeral=ephemeral,
+                                                          sequence=sequence, makepath=makepath), path)
+
+    async def acl_problem(self, path: str) -> str | None:
+        """Why ``path``'s ACL is not the one this store creates with (None: it is, or no auth)."""
+        if self.auth is None or self.acl is None:
+            return None
+        acls, _stat = await self._await(self.client.get_acls_async(path), path)
+        return acl_problem(acls, self.acl, self.auth)
 
     async def get(self, path: str, watch: Watcher | None = None) -> bytes:
-        data, _stat = await self._await(self.client.get_async(path, watch=self._wrap(watch)))
+        data, _stat = await self._await(self.client.get_async(path, watch=self._wrap(watch)), path)
         return data
 
     async def set(self, path: str, data: bytes) -> None:
-        await self._await(self.client.set_async(path, data))
+        await self._await(self.client.set_async(path, data), path)
 
     async def delete(self, path: str) -> None:
-        await self._await(self.client.delete_async(path))
+        await self._await(self.client.delete_async(path), path)
 
     async def children(self, path: str, watch: Watcher | None = None) -> list[str]:
-        return list(await self._await(self.client.get_children_async(path, watch=self._wrap(watch))))
+        return list(await self._await(self.client.get_children_async(path, watch=self._wrap(watch)), path))
 
     # -- thread hand-off ------------------------------------------------------------------
 
-    async def _await(self, result: Any) -> Any:
+    async def _await(self, result: Any, path: str = "") -> Any:
         loop = self._loop or asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
+        who = self.auth
 
         def done(r: Any) -> None:        # runs in a kazoo thread
             try:
-                loop.call_soon_threadsafe(_settle, fut, r)
+                loop.call_soon_threadsafe(_settle, fut, r, path, who)
             except RuntimeError:        # the loop is closed: nobody is waiting any more
                 pass
 
@@ -201,11 +275,13 @@ class _Forward:
         return hash((id(self.store), self.watch))
 
 
-def _settle(fut: "asyncio.Future[Any]", result: Any) -> None:
+def _settle(fut: "asyncio.Future[Any]", result: Any, path: str = "", auth: ZkAuth | None = None) -> None:
     if fut.done():
         return
     try:
         fut.set_result(result.get_nowait())
+    except NoAuthError:
+        fut.set_exception(NotAuthorized(refused(path, auth)))
     except NoNodeError as e:
         fut.set_exception(NoNode(str(e)))
     except NodeExistsError as e:
@@ -216,13 +292,47 @@ def _settle(fut: "asyncio.Future[Any]", result: Any) -> None:
         fut.set_exception(e)
 
 
-class ZooKeeperCoordinator(Coordinator):
-    """The document's message path on a real ZooKeeper (``zookeeper://host:port/root``)."""
+def refused(path: str, auth: ZkAuth | None) -> str:
+    """ZooKeeper's NoAuth on ``path`` as one line naming the credentials (never the secret)."""
+    if auth is None:
+        return (f"ZooKeeper refused access to {path} (NoAuth): it is protected; "
+                "set TOPO_ZK_AUTH or zookeeper.auth_file to its credentials (SCHEME:CREDENTIALS)")
+    return f"ZooKeeper refused access to {path} (NoAuth) for {auth}: wrong credentials for this topology?"
 
-    def __init__(self, url: str, topology: str, session_timeout: float = 10.0, connect_timeout: float = 5.0) -> None:
+
+class ZooKeeperCoordinator(Coordinator):
+    """The document's message path on a real ZooKeeper (``zookeeper://host:port/root``).
+
+    With ``auth`` every znode it creates gets the creator-only ACL (``access``), and
+    a tree that exists with another ACL (an older open run, other credentials) is
+    refused at start with one line instead of being used unprotected."""
+
+    def __init__(self, url: str, topology: str, session_timeout: float = 10.0, connect_timeout: float = 5.0, *,
+                 auth: ZkAuth | None = None, read_open: bool = False, tls: Tls | None = None) -> None:
         hosts, root = parse_zookeeper_url(url)
+        self.url = url
         # A killed run's claim lives as long as its session: wait that out for a holder
         # that is gone from this host.
-        super().__init__(KazooStore(hosts, session_timeout=session_timeout, connect_timeout=connect_timeout),
+        super().__init__(KazooStore(hosts, session_timeout=session_timeout, connect_timeout=connect_timeout,
+                                    auth=auth, read_open=read_open, tls=tls),
                          topology, root,
                          claim_wait=session_timeout + 2.0)
+
+    async def _check_tree(self) -> None:
+        store: KazooStore = self.store  # type: ignore[assignment]
+        if store.auth is None:
+            return
+        for path in (self.layout.base, self.layout.messages, self.layout.states, self.layout.locks):
+            try:
+                problem = await store.acl_problem(path)
+            except NoNode:
+                continue
+            except NotAuthorized:           # not even allowed to read its ACL
+                problem = f"is protected for other credentials than {store.auth} (a wrong password?)"
+            if problem:
+                hint = (f"fix it with `topo zk secure {self.url} {self.layout.topology}` (with these credentials, "
+                        "or as ZooKeeper's super user), or delete the tree"
+                        if "open ACL" in problem or "other than" in problem else
+                        "check TOPO_ZK_AUTH / zookeeper.auth_file")
+                raise NotAuthorized(f"topology {self.layout.topology!r}: {path} on {store.hosts} {problem}; "
+                                    f"refusing to run on it: {hint}")

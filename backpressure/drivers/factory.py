@@ -18,11 +18,14 @@ def make_coordinator(config: Mapping[str, Any], topology_name: str) -> Any:
 
         return EmbeddedCoordinator(topology_name)
     if where.startswith("zookeeper://"):
+        from backpressure.coordinator.access import Tls, auth_from_config
         from backpressure.coordinator.zookeeper import ZooKeeperCoordinator
 
         return ZooKeeperCoordinator(where, topology_name,
                                     session_timeout=float(config.get("zookeeper.session_timeout_s", 10.0)),
-                                    connect_timeout=float(config.get("zookeeper.connect_timeout_s", 5.0)))
+                                    connect_timeout=float(config.get("zookeeper.connect_timeout_s", 5.0)),
+                                    auth=auth_from_config(config), read_open=bool(config.get("zookeeper.read_open")),
+                                    tls=Tls.from_config(config))
     raise ValueError(f"coordinator must be 'embedded' or 'zookeeper://host:port/root', got {where!r}")
 
 
