@@ -28,6 +28,7 @@ FLOORS: dict[str, tuple[str, ...]] = {
     "surface": ("topo", "topo.cli", "topo.status", "topo.spec", "topo.testing", "topo.examples.*"),
     # The local engine, top to bottom: the engine assembles tasks; tasks run collectors;
     # collectors emit through the outbox and the acker (with queue, limiter, dead letters).
+    "local.workers": ("runtime.local.workers",),
     "local.engine": ("runtime.local.engine",),
     "local.checkpoints": ("runtime.local.checkpoints",),
     "local.tasks": ("runtime.local.tasks",),
@@ -52,7 +53,8 @@ FLOORS: dict[str, tuple[str, ...]] = {
 _ENGINE_BELOW = ("observe", "drivers", "policy", "api")
 MAY_IMPORT: dict[str, frozenset[str]] = {
     # An engine is reached through its entry module only.
-    "surface": frozenset({"local.engine", "spark.engine", "observe", "drivers", "coordinator", "policy", "api"}),
+    "surface": frozenset({"local.workers", "local.engine", "spark.engine", "observe", "drivers", "coordinator", "policy", "api"}),
+    "local.workers": frozenset({"local.engine", "local.parts", *_ENGINE_BELOW}),
     "local.engine": frozenset({"local.checkpoints", "local.tasks", "local.collectors", "local.parts",
                                *_ENGINE_BELOW}),
     "local.checkpoints": frozenset({"local.tasks", "local.collectors", "local.parts", *_ENGINE_BELOW}),

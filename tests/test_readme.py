@@ -29,7 +29,7 @@ README = (ROOT / "README.md").read_text(encoding="utf-8")
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 # Pages whose Python blocks are not yet complete scripts, with why; remove an entry
 # once its page's examples run.
-NOT_RUN = {"checkpoints.md": "its Python block is a fragment of a class, without imports"}
+NOT_RUN: dict[str, str] = {}
 BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.M | re.S)
 NAMED = re.compile(r"`([\w.-]+\.\w+)`:\s*$")
 
@@ -185,6 +185,8 @@ ELSEWHERE = {
     "prometheus --config.file=configs/prometheus.yml --storage.tsdb.path=/tmp/topo-prom \\":
         "tests/test_prometheus.py runs a real Prometheus",
     "--web.listen-address=127.0.0.1:9090": "the line above's continuation",
+    "topo run configs/wordcount.yaml --workers 2 --config checkpoint.interval_ms=null":
+        "tests/test_workers.py runs it with 1, 2 and 3 workers",
 }
 WORDCOUNT = ("topo validate configs/wordcount.yaml", "topo run configs/wordcount.yaml",
              "python -m topo.examples.wordcount wordcount.db")

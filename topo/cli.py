@@ -82,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--master", help="Spark master URL, e.g. local[2] or spark://host:7077 (spark engine)")
     run.add_argument("--duration", type=_positive_float, metavar="S", help="stop (with drain) after S seconds")
     run.add_argument("--max-tuples", type=_positive_int, metavar="N", help="stop after N spout tuples")
+    run.add_argument("--workers", type=_positive_int, metavar="N",
+                     help="run the topology in N worker processes (same as --config workers=N)")
     run.add_argument("--from-scratch", action="store_true",
                      help="discard this topology's checkpoints and start from the beginning "
                           "(same as --config checkpoint.restore=false)")
@@ -169,17 +171,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec, config = _load(args)
     if args.from_scratch:
         config["checkpoint.restore"] = False
+    if args.workers is not None:
+        config["workers"] = coerce("workers", args.workers)
     engine = config["engine"]
     if args.master and engine != "spark":
         raise UsageError(f"--master: only the spark engine takes a master URL (engine is {engine!r})")
+    if engine == "local" and config["workers"] > 1:
+        from runtime.local.workers import check_shippable
+
+        try:
+            check_shippable(spec.topology, config)
+        except TopologyError as e:
+            raise UsageError(f"{setting_source(spec, args, 'workers')}: {e} (got {config['workers']})") from None
     if engine == "local":
         preflight(spec, config, args)
     services = local_services(config, args, spec.topology.name) if engine == "local" else []
     started = time.monotonic()
     try:
         result = topo.run(spec.topology, engine, config=config, duration=args.duration,
-                          max_tuples=args.max_tuples, master=args.master, services=services,
-                          handle_signals=engine == "local")
+                          max_tuples=args.max_tuples, master=args.master, services=services)
     except TopologyError as e:      # the engine cannot run this topology (Spark's plan)
         if isinstance(e, SpecError):
             raise
@@ -189,7 +199,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-_FLAGS = {"engine": "engine", "coordinator": "zk", "metrics.port": "metrics_port"}
+_FLAGS = {"engine": "engine", "coordinator": "zk", "metrics.port": "metrics_port", "workers": "workers"}
 
 
 def setting_source(spec: TopologySpec, args: argparse.Namespace, key: str) -> str:
@@ -264,8 +274,11 @@ def preflight(spec: TopologySpec, config: dict[str, Any], args: argparse.Namespa
 def local_services(config: dict[str, Any], args: argparse.Namespace, name: str) -> list[Any]:
     """What runs beside a local topology: the live console, the Prometheus exporter
     (``metrics.port``) and the status file ``topo status`` reads (``status.path``, or
-    the default place for topology ``name``)."""
+    the default place for topology ``name``). Not yet with worker processes: each
+    worker's tasks live in its own process (the closing summary still covers all)."""
     services: list[Any] = []
+    if config.get("workers", 1) > 1:
+        return services
     if not args.quiet:
         from runtime.observe.console import Console
 

@@ -203,6 +203,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("spout.max_consecutive_errors", 1000, _int, "a spout whose next_tuple raises this many times in a row (with backoff) stops the run", check=_between(1, 1_000_000_000)),
     Setting("errors.log_first", 10, _int, "failures of one task logged one by one before they are only counted per interval", check=_between(0, 100_000)),
     Setting("errors.log_interval_s", 10.0, _float, "how often a task logs how many further failures it had", check=_between(0, DAY_S, above=True)),
+    Setting("workers", 1, _int, "worker processes a local run uses (its tasks are spread over them round robin)", check=_between(1, 64)),
     Setting("checkpoint.interval_ms", None, _float, "take a consistent checkpoint of spout offsets and bolt state this often; null: off (at-least-once acking only)", nullable=True, check=_between(10, 1000 * DAY_S)),
     Setting("checkpoint.dir", "checkpoints", _str, "where checkpoints are kept: one SQLite file per topology name"),
     Setting("checkpoint.keep", 3, _int, "completed checkpoints kept per topology (older ones are deleted)", check=_between(1, 1000)),

@@ -21,6 +21,7 @@ the same reason), or calls a zero-argument factory when one is given.
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
@@ -92,7 +93,9 @@ class BoltDeclarer:
 
 def _maker(component: Spout | Bolt | Callable[[], Spout | Bolt]) -> tuple[Callable[[], Any], Any]:
     if isinstance(component, (Spout, Bolt)):
-        return (lambda: copy.deepcopy(component)), component
+        # A partial, not a lambda: it pickles (by reference to the class), so a topology
+        # built with the Python API can be shipped to worker processes.
+        return functools.partial(copy.deepcopy, component), component
     if callable(component):
         proto = component()
         return component, proto

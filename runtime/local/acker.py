@@ -30,9 +30,16 @@ Entry = list
 class Acker:
     """Ledger of in-flight roots."""
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, *, worker: int = 0,
+                 forward_ack: Callable[[int, int], None] | None = None,
+                 forward_fail: Callable[[int, str], None] | None = None) -> None:
         self.ledger: dict[int, Entry] = {}
         self.timeout_s = timeout_s
+        # With worker processes a root id's low byte names the worker whose ledger holds
+        # it (``root_tag``); updates for roots of other workers go to them.
+        self.root_tag = worker
+        self.forward_ack = forward_ack
+        self.forward_fail = forward_fail
 
     def __len__(self) -> int:
         return len(self.ledger)
@@ -56,6 +63,17 @@ class Acker:
                 e[XOR] = x
                 if not x:
                     self.complete(root, e)
+            elif self.forward_ack is not None and root & 0xFF != self.root_tag:
+                self.forward_ack(root, edge ^ value)
+
+    def apply(self, root: int, xor: int) -> None:
+        """An ack of a tuple of this worker's root, made in another worker."""
+        e = self.ledger.get(root)
+        if e is not None:
+            x = e[XOR] ^ xor
+            e[XOR] = x
+            if not x:
+                self.complete(root, e)
 
     def complete(self, root: int, e: Entry) -> None:
         """The ledger of ``root`` reached zero: the tree is fully processed."""
@@ -66,6 +84,8 @@ class Acker:
         e = self.ledger.pop(root, None)
         if e is not None:
             e[OWNER](root, False, reason)
+        elif self.forward_fail is not None and root & 0xFF != self.root_tag:
+            self.forward_fail(root, reason)
 
     def expire(self, now: float) -> int:
         """Fail every root past its deadline. Roots are kept in insertion (= deadline) order."""

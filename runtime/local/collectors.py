@@ -94,6 +94,7 @@ class SpoutCollector:
         unknown = outbox.unknown_stream
         open_root = acker.open
         perf = time.perf_counter
+        tag = acker.root_tag      # the low byte of a root id names the worker that owns it
 
         def emit(values: Sequence[Any], stream: str = DEFAULT_STREAM, msg_id: Any = None,
                  _retries: int = 0) -> None:
@@ -108,7 +109,7 @@ class SpoutCollector:
             if e is None:
                 raise unknown(stream)
             born = perf()  # also the acker's clock: one reading serves both
-            root = getrandbits(64) or 1
+            root = (getrandbits(56) << 8 | tag) or 256
             edges = e(values, (root,), None, born, getrandbits)
             pending[root] = (msg_id, values, stream, _retries, born)
             open_root(root, edges, on_outcome, born)

@@ -32,6 +32,7 @@ from runtime.local.queue import ByteQueue
 from runtime.local.checkpoint_store import CheckpointStore
 from runtime.local.checkpoints import Checkpointer, topology_fingerprint
 from runtime.local.tasks import TICK_MARKER, BoltTask, Rollback, RunState, SpoutTask, TaskWiring
+from runtime.local.transport import WorkerNetwork
 from runtime.observe.stats import TaskStats
 
 log = logging.getLogger("topo.engine")
@@ -72,8 +73,10 @@ class RunResult:
 
 class LocalEngine:
     def __init__(self, topology: Topology, config: dict[str, Any] | None = None, *,
-                 flow: FlowControl | None = None, services: Sequence[Service] = ()) -> None:
+                 flow: FlowControl | None = None, services: Sequence[Service] = (),
+                 network: WorkerNetwork | None = None) -> None:
         self.topology = topology
+        self.network = network   # set when this engine is one worker process of several
         self.config: ResolvedConfig = (config if isinstance(config, ResolvedConfig)
                                        else resolve(topology.config, config or {}))
         cfg = self.config
@@ -86,8 +89,11 @@ class LocalEngine:
         self.run_state = RunState(max_retries=cfg["max_retries"], max_spout_pending=cfg["max_spout_pending"],
                                   topology=topology.name)
         self.dead_letters = DeadLetterWriter(cfg["dead_letter_path"], topology.name)
-        self.acker: Acker | None = (Acker(cfg["message_timeout_s"])
-                                    if cfg["acking"] else None)
+        self.acker: Acker | None = None
+        if cfg["acking"]:
+            self.acker = (Acker(cfg["message_timeout_s"]) if network is None else
+                          Acker(cfg["message_timeout_s"], worker=network.worker,
+                                forward_ack=network.forwarder.ack, forward_fail=network.forwarder.fail))
         self.drain_deadline = float("inf")
         self.task_ids: dict[str, list[int]] = {}
         self.queues: dict[int, ByteQueue] = {}
@@ -105,12 +111,23 @@ class LocalEngine:
             self.task_ids[c.id] = list(range(next_id, next_id + c.parallelism))
             next_id += c.parallelism
         ids = self.task_ids
-        self.queues = {tid: ByteQueue(cfg["queue.hard_bound"]) for c in topo.bolts for tid in ids[c.id]}
-        all_tasks = frozenset(self.queues)
+        net = self.network
+        bound = cfg["queue.hard_bound"]
+        self.queues = {tid: ByteQueue(bound) for c in topo.bolts for tid in ids[c.id]
+                       if net is None or net.local(tid)}
+        # What an outbox puts batches into: local queues, and other workers' tasks by socket.
+        targets: dict[int, Any] = dict(self.queues)
+        if net is not None:
+            targets.update({tid: net.remote_queue(tid, bound) for c in topo.bolts for tid in ids[c.id]
+                            if not net.local(tid)})
+        self.targets = targets
+        all_tasks = frozenset(self.queues)     # local_or_shuffle prefers these
         rng = random.Random(self.seed)
         for c in topo.components.values():
             upstream = sorted({t for i in c.inputs for t in ids[i.source]})
             for index, tid in enumerate(ids[c.id]):
+                if net is not None and not net.local(tid):
+                    continue
                 streams = {}
                 for stream, fields in c.outputs.items():
                     fi = FieldIndex.of(fields)
@@ -120,7 +137,7 @@ class LocalEngine:
                 wiring = TaskWiring(
                     component=c.id, task_id=tid,
                     context=TaskContext(topo.name, c.id, tid, index, c.parallelism, cfg),
-                    outbox=Outbox(c.id, tid, streams, self.queues, cfg["batch.size"],
+                    outbox=Outbox(c.id, tid, streams, targets, cfg["batch.size"],
                                   cfg["batch.flush_interval_ms"] / 1000.0),
                     upstream_task_ids=upstream,
                     stats=TaskStats(topo.name, c.id, tid, c.kind == "spout",
@@ -182,8 +199,9 @@ class LocalEngine:
         return self.run_state.stop_reason
 
     def water_level(self, task_id: int) -> float:
-        """LoadView for load-aware grouping: fraction of the hard bound in use."""
-        q = self.queues.get(task_id)
+        """LoadView for load-aware grouping: fraction of the hard bound in use (for a task
+        of another worker: the bytes in flight to it)."""
+        q = self.targets.get(task_id)
         return q.bytes / q.hard_bound if q is not None else 0.0
 
     # --- control ---------------------------------------------------------------
@@ -239,6 +257,11 @@ class LocalEngine:
         try:
             if self.checkpointer is not None:
                 self.checkpointer.restore()
+            if self.network is not None:
+                acker = self.acker     # (an Acker is falsy while its ledger is empty: test for None)
+                await self.network.start(self.queues,
+                                         acker.apply if acker is not None else (lambda r, x: None),
+                                         acker.fail if acker is not None else (lambda r, why: None))
             await self.flow.start(self.tasks)
         except BaseException:     # a refused claim, an unreachable ZooKeeper, a bad checkpoint
             self._close_components(self.tasks)
@@ -278,12 +301,40 @@ class LocalEngine:
             for s in reversed(started_services):
                 await s.stop()
             await self.flow.stop()
+            if self.network is not None:
+                await self.network.close()
             self._close_components(self.tasks)
             self.dead_letters.close()
             now = time.monotonic()
             for t in self.tasks:
                 t.sample(now)
         return RunResult(self.stats, self.stop_reason or "exhausted")
+
+    async def _await_finish(self, spouts: list[asyncio.Task], bolts: list[asyncio.Task]) -> bool:
+        """One worker of several: only the supervisor sees whether anything is in flight
+        anywhere; it says when the run is over (drained, or past the drain deadline)."""
+        net = self.network
+        assert net is not None and net.finish is not None
+        while not net.finish.is_set():
+            for t in spouts + bolts:
+                if t.done() and not t.cancelled() and t.exception() is not None:
+                    raise t.exception()
+            await asyncio.sleep(0.005)
+        if not net.drained and self.acker is not None and len(self.acker):
+            n = self.acker.fail_all("drain timeout")
+            log.warning("drain timeout: %d tuple trees failed back to their spouts", n)
+            for st in self.spout_tasks:
+                st.handle_outcomes()
+        return net.drained
+
+    def report(self) -> dict[str, Any]:
+        """For the supervisor: may this worker be finished, and its traffic counters."""
+        net = self.network
+        spouts_done = all(s.finished or (s.exhausted and not s.pending) for s in self.spout_tasks)
+        return {"spouts_done": spouts_done, "quiescent": self._quiescent(),
+                "sent": net.counters.sent if net else 0, "received": net.counters.received if net else 0,
+                "stopping": self.stopping, "in_flight": len(self.acker) if self.acker is not None else 0,
+                "pending": sum(len(s.pending) for s in self.spout_tasks)}
 
     def _open_components(self) -> None:
         """``open`` every spout and ``prepare`` every bolt; if one raises, close what was
@@ -339,6 +390,8 @@ class LocalEngine:
                 watch -= done
         finally:
             stop_wait.cancel()
+        if self.network is not None:
+            return await self._await_finish(spouts, bolts)
         # Drain: spouts finish their in-flight trees, bolts empty their queues. A topology
         # whose spouts ended by themselves finishes all its work unless a stop is requested
         # meanwhile (--duration, a signal, request_stop): from the moment of any stop

@@ -1,0 +1,333 @@
+"""Batches and acks between worker processes, over Unix domain sockets.
+
+Every worker listens on ``<dir>/w<i>.sock``. A task that sends to a task of another
+worker puts its batches into a ``RemoteQueue`` for that task, which looks to the
+outbox like the target's ``ByteQueue`` (``put(batch, nbytes)``, ``hard_bound``) and
+keeps its promises:
+
+* **Bounded bytes, credit-based.** A sender has at most ``hard_bound`` bytes per
+  target task in flight (sent and not yet credited back); the receiver credits a
+  batch only once it is in the target's byte-bounded queue, which is where a full
+  queue makes it wait. So between the two queues there is at most one bound's worth
+  of bytes in socket buffers, and a full receiver stops its senders: no unbounded
+  buffer anywhere, and backpressure means the same across processes.
+* **Order per (sender task, target task)**: one connection per pair of workers, and
+  frames are written in order.
+* **Acks travel to their root's owner.** A root id carries its spout's worker in its
+  low byte; an ack or fail for a root owned elsewhere is batched (``AckForwarder``)
+  and applied by the owner's acker, where the XOR ledger is.
+
+Frames are msgpack arrays, 4-byte length prefixed, bounded by ``MAX_FRAME``:
+``["B", target, nbytes, tuples]``, ``["C", target, nbytes]`` (credit),
+``["A", [[root, xor], ...]]``, ``["F", [[root, reason], ...]]``. Counters of frames
+sent and received let the supervisor tell when nothing is in flight anywhere.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from collections import deque
+from pathlib import Path
+from typing import Any, Callable
+
+import msgpack
+
+from topo.api import FieldIndex, Origin, WireTuple
+
+log = logging.getLogger("topo.transport")
+
+MAX_FRAME = 256 * 1024 * 1024
+_LEN = struct.Struct(">I")
+WORKER_BITS = 8                      # a root id's low byte names the worker that owns it
+WORKER_MASK = (1 << WORKER_BITS) - 1
+
+
+def socket_path(directory: str | Path, worker: int) -> str:
+    return str(Path(directory) / f"w{worker}.sock")
+
+
+def owner_of(root: int) -> int:
+    return root & WORKER_MASK
+
+
+class Counters:
+    """Frames that carry work (batches, acks, fails) sent and received by this worker."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.received = 0
+
+
+class Link:
+    """This worker's connection to one other worker (created lazily, reconnected on loss)."""
+
+    def __init__(self, directory: str, peer: int, counters: Counters) -> None:
+        self.path = socket_path(directory, peer)
+        self.peer = peer
+        self.counters = counters
+        self.writer: asyncio.StreamWriter | None = None
+        self._connecting: asyncio.Lock | None = None
+        self.credit_waiters: dict[int, "RemoteQueue"] = {}
+
+    async def _connect(self) -> asyncio.StreamWriter:
+        if self._connecting is None:
+            self._connecting = asyncio.Lock()
+        async with self._connecting:
+            if self.writer is not None and not self.writer.is_closing():
+                return self.writer
+            delay = 0.01
+            while True:
+                try:
+                    reader, writer = await asyncio.open_unix_connection(self.path)
+                    break
+                except (FileNotFoundError, ConnectionRefusedError, OSError):
+                    await asyncio.sleep(delay)      # the peer is starting or restarting
+                    delay = min(0.5, delay * 2)
+            self.writer = writer
+            for q in self.credit_waiters.values():
+                q.reset_credit()        # what was in flight to a dead peer is gone; acking replays it
+            asyncio.get_running_loop().create_task(self._read_credits(reader, writer))
+            return writer
+
+    async def send(self, frame: list[Any]) -> None:
+        data = msgpack.packb(frame, use_bin_type=True)
+        while True:
+            writer = self.writer if self.writer is not None and not self.writer.is_closing() else await self._connect()
+            try:
+                writer.write(_LEN.pack(len(data)) + data)
+                await writer.drain()
+                self.counters.sent += 1
+                return
+            except (ConnectionError, OSError):
+                self.writer = None
+                await asyncio.sleep(0.01)
+
+    async def _read_credits(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                frame = await read_frame(reader)
+                if frame is None:
+                    break
+                if frame[0] == "C":
+                    q = self.credit_waiters.get(frame[1])
+                    if q is not None:
+                        q.credit(frame[2])
+        except (ConnectionError, OSError, ValueError):
+            pass
+        finally:
+            if self.writer is writer:
+                self.writer = None
+
+
+class RemoteQueue:
+    """A bolt task of another worker, as a queue the outbox can put batches into."""
+
+    def __init__(self, target: int, link: Link, hard_bound: int, encode: Callable[[list[Any]], list[Any]]) -> None:
+        self.target = target
+        self.link = link
+        self.hard_bound = hard_bound
+        self.bytes = 0           # in flight: sent, not yet credited (what water_level sees)
+        self.count = 0
+        self.peak_bytes = 0
+        self._encode = encode
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        link.credit_waiters[target] = self
+
+    async def put(self, batch: list[Any], nbytes: int) -> int:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        while not (self.bytes == 0 or self.bytes + nbytes <= self.hard_bound):
+            fut = loop.create_future()
+            self._waiters.append(fut)
+            await fut
+        self.bytes += nbytes
+        self.peak_bytes = max(self.peak_bytes, self.bytes)
+        await self.link.send(["B", self.target, nbytes, self._encode(batch)])
+        return int((loop.time() - start) * 1e9)
+
+    def credit(self, nbytes: int) -> None:
+        self.bytes = max(0, self.bytes - nbytes)
+        self._wake()
+
+    def reset_credit(self) -> None:
+        self.bytes = 0
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters:
+            f = self._waiters.popleft()
+            if not f.done():
+                f.set_result(None)
+
+    def put_marker(self, marker: list[Any]) -> None:   # pragma: no cover - markers are local only
+        raise RuntimeError("control markers never cross workers")
+
+
+async def read_frame(reader: asyncio.StreamReader) -> list[Any] | None:
+    try:
+        head = await reader.readexactly(_LEN.size)
+    except asyncio.IncompleteReadError:
+        return None
+    (n,) = _LEN.unpack(head)
+    if n > MAX_FRAME:
+        raise ValueError(f"frame of {n} bytes over the {MAX_FRAME} limit")
+    return msgpack.unpackb(await reader.readexactly(n), raw=False, strict_map_key=False)
+
+
+class TupleCodec:
+    """WireTuples <-> plain lists for the wire; origins are rebuilt from the topology."""
+
+    def __init__(self, streams: dict[str, dict[str, tuple[str, ...]]]) -> None:
+        self._fields = {(c, s): FieldIndex.of(f) for c, outs in streams.items() for s, f in outs.items()}
+        self._origins: dict[tuple[str, str, int], Origin] = {}
+
+    @staticmethod
+    def encode(batch: list[Any]) -> list[Any]:
+        return [[list(t.values), t.origin.component, t.origin.stream, t.origin.task,
+                 t.anchors, t.born] for t in batch]
+
+    def decode(self, rows: list[Any]) -> list[Any]:
+        out = []
+        origins = self._origins
+        for values, comp, stream, task, anchors, born in rows:
+            key = (comp, stream, task)
+            origin = origins.get(key)
+            if origin is None:
+                origin = origins[key] = Origin(self._fields[(comp, stream)], stream, comp, task)
+            out.append(WireTuple((values, origin, anchors, born, [0] if anchors else None)))
+        return out
+
+
+class AckForwarder:
+    """Acks and fails for roots owned by other workers, batched per owner."""
+
+    def __init__(self, links: dict[int, Link]) -> None:
+        self.links = links
+        self.acks: dict[int, list[list[int]]] = {}
+        self.fails: dict[int, list[list[Any]]] = {}
+        self._scheduled = False
+
+    def ack(self, root: int, xor: int) -> None:
+        self.acks.setdefault(owner_of(root), []).append([root, xor])
+        self._schedule()
+
+    def fail(self, root: int, reason: str) -> None:
+        self.fails.setdefault(owner_of(root), []).append([root, reason[:200]])
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        acks, self.acks = self.acks, {}
+        fails, self.fails = self.fails, {}
+        loop = asyncio.get_running_loop()
+        for owner, items in acks.items():
+            loop.create_task(self.links[owner].send(["A", items]))
+        for owner, items in fails.items():
+            loop.create_task(self.links[owner].send(["F", items]))
+
+
+class Listener:
+    """This worker's socket: batches into local queues (credited once queued), acks into the acker."""
+
+    def __init__(self, directory: str, worker: int, queues: dict[int, Any], codec: TupleCodec,
+                 apply_ack: Callable[[int, int], None], apply_fail: Callable[[int, str], None],
+                 counters: Counters) -> None:
+        self.path = socket_path(directory, worker)
+        self.queues = queues
+        self.codec = codec
+        self.apply_ack = apply_ack
+        self.apply_fail = apply_fail
+        self.counters = counters
+        self.server: asyncio.base_events.Server | None = None
+        self._conns: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        Path(self.path).unlink(missing_ok=True)
+        self.server = await asyncio.start_unix_server(self._serve, self.path)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._conns.add(task)
+        try:
+            while True:
+                frame = await read_frame(reader)
+                if frame is None:
+                    return
+                kind = frame[0]
+                if kind == "B":
+                    _, target, nbytes, rows = frame
+                    await self.queues[target].put(self.codec.decode(rows), nbytes)
+                    self.counters.received += 1
+                    writer.write(_credit(target, nbytes))
+                elif kind == "A":
+                    for root, xor in frame[1]:
+                        self.apply_ack(root, xor)
+                    self.counters.received += 1
+                elif kind == "F":
+                    for root, reason in frame[1]:
+                        self.apply_fail(root, reason)
+                    self.counters.received += 1
+        except (ConnectionError, OSError, ValueError) as e:
+            log.debug("connection from a peer ended: %s", e)
+        except asyncio.CancelledError:
+            pass      # this worker is closing its socket (asyncio's stream callback would log it)
+        finally:
+            writer.close()
+            if task is not None:
+                self._conns.discard(task)
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        for t in list(self._conns):
+            t.cancel()
+        Path(self.path).unlink(missing_ok=True)
+
+
+def _credit(target: int, nbytes: int) -> bytes:
+    data = msgpack.packb(["C", target, nbytes])
+    return _LEN.pack(len(data)) + data
+
+
+class WorkerNetwork:
+    """Everything one worker process needs to reach the others: links, codec, acks, counters."""
+
+    def __init__(self, directory: str, worker: int, owner: dict[int, int], workers: int,
+                 streams: dict[str, dict[str, tuple[str, ...]]]) -> None:
+        self.directory = directory
+        self.worker = worker
+        self.owner = owner
+        self.counters = Counters()
+        self.links = {w: Link(directory, w, self.counters) for w in range(workers) if w != worker}
+        self.codec = TupleCodec(streams)
+        self.forwarder = AckForwarder(self.links)
+        self.finish: asyncio.Event | None = None    # set when the supervisor says the run is over
+        self.drained = True                          # ... and whether everything was processed
+        self.listener: Listener | None = None
+
+    def local(self, task_id: int) -> bool:
+        return self.owner[task_id] == self.worker
+
+    def remote_queue(self, task_id: int, hard_bound: int) -> RemoteQueue:
+        return RemoteQueue(task_id, self.links[self.owner[task_id]], hard_bound, self.codec.encode)
+
+    async def start(self, queues: dict[int, Any], apply_ack: Callable[[int, int], None],
+                    apply_fail: Callable[[int, str], None]) -> None:
+        self.finish = asyncio.Event()
+        self.listener = Listener(self.directory, self.worker, queues, self.codec, apply_ack, apply_fail,
+                                 self.counters)
+        await self.listener.start()
+
+    async def close(self) -> None:
+        if self.listener is not None:
+            await self.listener.close()
+        for link in self.links.values():
+            if link.writer is not None:
+                link.writer.close()

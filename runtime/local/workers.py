@@ -1,0 +1,298 @@
+"""A topology in several worker processes on this machine (``workers: N``).
+
+The supervisor (the process that called ``run``) starts N worker processes, each a
+``LocalEngine`` over its share of the tasks (``placement.place``), joined by Unix
+domain sockets (``transport``). It then watches them:
+
+* **When is the run over?** No worker can tell alone: a worker whose spouts ended and
+  whose queues are empty may still be sent a batch by another. Every 20 ms the
+  supervisor asks each worker for its report (spouts done, locally quiescent, work
+  frames sent and received); when every worker's spouts are done and it is quiescent,
+  and the frames sent equal the frames received across all workers, twice in a row
+  with the same totals, nothing is in flight anywhere and it tells every worker to
+  finish. This is the drain of a single process, made global.
+* **Stop**: SIGINT/SIGTERM (or ``duration``) makes the supervisor tell every worker
+  to stop its spouts; the same global drain follows, for at most ``drain_timeout_s``,
+  after which the workers are told to finish anyway and fail back what is left
+  (with acking on, to their spouts). A second signal finishes at once. Workers
+  ignore SIGINT themselves (a terminal sends it to the whole process group).
+* **A worker that dies** (``kill -9``) is started again with the same tasks. Batches
+  it had not processed are gone; with acking on, their spout tuples time out at
+  their owners and are replayed, so nothing is lost; a spout that lived in the dead
+  worker starts again from its source's beginning (at-least-once: without
+  checkpoints, which do not yet span workers, it re-emits what it had emitted).
+
+Flow control across workers: stepwise signals need a coordinator every worker sees,
+i.e. ZooKeeper (``coordinator: zookeeper://...``); with the embedded coordinator each
+worker throttles within itself, and between workers the byte bound (credit) alone
+holds producers back. ``source_stop`` and ``watermark`` are refused with workers.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing as mp
+import pickle
+import signal
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from topo.config import ResolvedConfig, resolve
+from topo.topology import Topology, TopologyError
+from runtime.local.engine import LocalEngine, RunResult
+from runtime.local.placement import place
+from runtime.local.transport import WorkerNetwork
+from runtime.observe.stats import TaskStats
+
+log = logging.getLogger("topo.workers")
+
+_POLL_S = 0.02
+_REPLY_TIMEOUT_S = 5.0
+_IN_PROCESS_POLICIES = ("source_stop", "watermark", "adaptive", "window")
+
+
+def check_shippable(topology: Topology, config: dict[str, Any]) -> None:
+    """What cannot run in worker processes, as one line."""
+    policy = config.get("backpressure.policy")
+    if policy in _IN_PROCESS_POLICIES:
+        raise TopologyError(f"backpressure.policy {policy!r} works within one process only; with workers > 1 "
+                            f"use stepwise (through ZooKeeper across workers) or none")
+    if config.get("checkpoint.interval_ms") is not None:
+        raise TopologyError("checkpoints do not span worker processes yet: set workers: 1 or "
+                            "checkpoint.interval_ms: null")
+    try:
+        pickle.dumps(topology)
+    except Exception as e:
+        raise TopologyError(f"topology {topology.name!r} cannot be shipped to a worker process ({e}); define its "
+                            f"components in an importable module, not in a notebook or a function") from None
+
+
+# -- the worker side -----------------------------------------------------------------------
+
+def _worker_main(topology: Topology, config: dict[str, Any], worker: int, workers: int, directory: str,
+                 conn: Any) -> None:
+    """Entry point of one worker process."""
+    import uvloop
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=logging.WARNING, format=f"worker {worker}: %(levelname)s %(name)s: %(message)s")
+    uvloop.run(_worker(topology, ResolvedConfig(config), worker, workers, directory, conn))
+
+
+async def _worker(topology: Topology, config: ResolvedConfig, worker: int, workers: int, directory: str,
+                  conn: Any) -> None:
+    placement = place(topology, workers, worker)
+    streams = {c.id: dict(c.outputs) for c in topology.components.values()}
+    network = WorkerNetwork(directory, worker, placement.owner, workers, streams)
+    engine = LocalEngine(topology, config, network=network)
+    loop = asyncio.get_running_loop()
+
+    def on_command() -> None:
+        try:
+            cmd = conn.recv()
+        except (EOFError, OSError):
+            engine.request_stop("supervisor gone")
+            if network.finish is not None:
+                network.drained = False
+                network.finish.set()
+            return
+        if cmd[0] == "report":
+            conn.send(engine.report())
+        elif cmd[0] == "stop":
+            engine.request_stop(cmd[1])
+        elif cmd[0] == "finish":
+            network.drained = cmd[1]
+            if network.finish is not None:
+                network.finish.set()
+
+    loop.add_reader(conn.fileno(), on_command)
+    try:
+        result = await engine.run()
+        conn.send(("result", result.reason, result.stats))
+    except BaseException as e:       # the supervisor prints it and stops the others
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+        raise
+    finally:
+        loop.remove_reader(conn.fileno())
+
+
+# -- the supervisor side -------------------------------------------------------------------
+
+@dataclass
+class _Worker:
+    index: int
+    process: Any
+    conn: Any
+    restarts: int = 0
+    result: tuple[str, list[TaskStats]] | None = None
+    error: str | None = None
+
+
+@dataclass
+class Supervisor:
+    topology: Topology
+    config: ResolvedConfig
+    workers: int
+    directory: str = ""
+    procs: list[_Worker] = field(default_factory=list)
+    stopping: str = ""
+    finish_now: bool = False
+
+    def start(self) -> None:
+        ctx = mp.get_context("spawn")
+        self._ctx = ctx
+        for i in range(self.workers):
+            self.procs.append(self._spawn(i))
+
+    def _spawn(self, i: int, restarts: int = 0) -> _Worker:
+        parent, child = self._ctx.Pipe()
+        p = self._ctx.Process(target=_worker_main, name=f"topo-worker-{i}",
+                              args=(self.topology, dict(self.config), i, self.workers, self.directory, child),
+                              daemon=True)
+        p.start()
+        child.close()
+        return _Worker(i, p, parent, restarts)
+
+    def _ask(self, w: _Worker) -> dict[str, Any] | None:
+        """One report, or None if the worker is gone or has already sent its result."""
+        try:
+            w.conn.send(("report",))
+            deadline = time.monotonic() + _REPLY_TIMEOUT_S
+            while time.monotonic() < deadline:
+                if w.conn.poll(0.05):
+                    msg = w.conn.recv()
+                    if isinstance(msg, dict):
+                        return msg
+                    self._final(w, msg)
+                    return None
+                if not w.process.is_alive():
+                    return None
+        except (EOFError, OSError, BrokenPipeError):
+            return None
+        return None
+
+    def _final(self, w: _Worker, msg: Any) -> None:
+        if msg[0] == "result":
+            w.result = (msg[1], msg[2])
+        elif msg[0] == "error":
+            w.error = msg[1]
+
+    def _tell(self, *cmd: Any) -> None:
+        for w in self.procs:
+            try:
+                w.conn.send(cmd)
+            except (OSError, BrokenPipeError):
+                pass
+
+    def request_stop(self, reason: str) -> None:
+        if self.stopping:
+            self.finish_now = True        # a second signal: no drain
+            return
+        self.stopping = reason
+        self._tell("stop", reason)
+
+    def supervise(self, duration: float | None) -> RunResult:
+        started = time.monotonic()
+        drain_deadline: float | None = None
+        previous: tuple[int, int] | None = None
+        while True:
+            time.sleep(_POLL_S)
+            if duration is not None and not self.stopping and time.monotonic() - started >= duration:
+                self.request_stop("duration")
+            if self.stopping and drain_deadline is None:
+                drain_deadline = time.monotonic() + self.config["drain_timeout_s"]
+            errors = [w.error for w in self.procs if w.error]
+            if errors:
+                self._finish(False)
+                raise RuntimeError(f"worker failed: {errors[0]}")
+            reports = []
+            for w in self.procs:
+                if not w.process.is_alive() and w.result is None:
+                    self._drain_pipe(w)
+                    if w.error:
+                        break
+                    if w.result is None:
+                        self._restart(w)
+                    continue
+                r = self._ask(w)
+                if r is not None:
+                    reports.append(r)
+            if self.finish_now or (drain_deadline is not None and time.monotonic() >= drain_deadline):
+                return self._finish(False)
+            if len(reports) == len(self.procs) and all(r["spouts_done"] and r["quiescent"] for r in reports):
+                totals = (sum(r["sent"] for r in reports), sum(r["received"] for r in reports))
+                # A restarted worker's counters started over, so after a restart the sums
+                # cannot match; quiescence that holds with unchanged totals must do.
+                balanced = totals[0] == totals[1] or any(w.restarts for w in self.procs)
+                if balanced and totals == previous:
+                    return self._finish(True)
+                previous = totals
+            else:
+                previous = None
+
+    def _drain_pipe(self, w: _Worker) -> None:
+        try:
+            while w.conn.poll(0):
+                msg = w.conn.recv()
+                if not isinstance(msg, dict):
+                    self._final(w, msg)
+        except (EOFError, OSError):
+            pass
+
+    def _restart(self, w: _Worker) -> None:
+        log.warning("worker %d exited (code %s): starting it again", w.index, w.process.exitcode)
+        fresh = self._spawn(w.index, w.restarts + 1)
+        self.procs[w.index] = fresh
+        if self.stopping:
+            fresh.conn.send(("stop", self.stopping))
+
+    def _finish(self, drained: bool) -> RunResult:
+        self._tell("finish", drained)
+        stats: list[TaskStats] = []
+        reason = self.stopping or "exhausted"
+        for w in self.procs:
+            deadline = time.monotonic() + 30
+            while w.result is None and w.error is None and time.monotonic() < deadline:
+                if w.conn.poll(0.05):
+                    try:
+                        msg = w.conn.recv()
+                    except (EOFError, OSError):
+                        break
+                    if not isinstance(msg, dict):
+                        self._final(w, msg)
+                elif not w.process.is_alive():
+                    break
+            w.process.join(10)
+            if w.process.is_alive():
+                w.process.kill()
+            if w.result is not None:
+                stats.extend(w.result[1])
+        return RunResult(sorted(stats, key=lambda s: s.task_id), reason)
+
+    def stop_all(self) -> None:
+        for w in self.procs:
+            if w.process.is_alive():
+                w.process.kill()
+                w.process.join(5)
+
+
+def run_workers(topology: Topology, config: dict[str, Any] | None = None, *, workers: int,
+                duration: float | None = None, handle_signals: bool = False) -> RunResult:
+    """Run ``topology`` in ``workers`` processes; returns the merged result of all tasks."""
+    cfg = config if isinstance(config, ResolvedConfig) else resolve(topology.config, config or {})
+    check_shippable(topology, cfg)
+    with tempfile.TemporaryDirectory(prefix="topo-workers-") as directory:
+        sup = Supervisor(topology, cfg, workers, directory)
+        previous = {}
+        if handle_signals:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous[sig] = signal.signal(sig, lambda *_: sup.request_stop("signal"))
+        try:
+            sup.start()
+            return sup.supervise(duration)
+        finally:
+            sup.stop_all()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

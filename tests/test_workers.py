@@ -1,0 +1,156 @@
+"""A topology in several worker processes: exact results, a killed worker, a drained stop,
+stepwise backpressure across workers through ZooKeeper, and what cannot be shipped."""
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from topo.config import resolve
+from topo.examples.wordcount import expected_counts
+from topo.sinks import read_table
+from topo.topology import TopologyBuilder, TopologyError
+from runtime.local.placement import place
+from runtime.local.workers import Supervisor, check_shippable, run_workers
+
+sys.path.insert(0, str(Path(__file__).parent / "data"))
+from worker_components import Numbers, Pass  # noqa: E402
+from zk_server import zookeeper  # noqa: E402,F401  (the session fixture)
+
+ROOT = Path(__file__).resolve().parents[1]
+TOPO = [sys.executable, "-m", "topo.cli"]
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests" / "data"), env.get("PYTHONPATH", "")])
+    return env
+
+
+def test_placement_spreads_each_component_round_robin() -> None:
+    b = TopologyBuilder("p")
+    b.spout("s", Numbers(1))
+    b.bolt("a", Pass(), parallelism=3).shuffle("s")
+    b.bolt("c", Pass()).shuffle("a")
+    owner = place(b.build(), 2, 0).owner
+    # s: task 1 -> worker 0; a: tasks 2, 3, 4 -> 1, 0, 1; c: task 5 -> worker 0 (component 2, task 0)
+    assert owner == {1: 0, 2: 1, 3: 0, 4: 1, 5: 0}
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_word_counts_are_exact_with_any_number_of_workers(tmp_path: Path, workers: int) -> None:
+    proc = subprocess.run(TOPO + ["run", str(ROOT / "configs" / "wordcount.yaml"), "--quiet", "--workers",
+                                  str(workers), "--config", "checkpoint.interval_ms=null"],
+                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert dict(read_table(str(tmp_path / "wordcount.db"), "word_counts")) == dict(expected_counts(repeat=2000))
+
+
+def _numbers_into_sqlite(total: int, db: Path, delay_s: float = 0.0, **config: object):
+    b = TopologyBuilder("nums", {"acking": True, "backpressure.policy": "none", "max_spout_pending": 500,
+                                 **config})
+    b.spout("numbers", Numbers(total))
+    b.bolt("pass", Pass(delay_s)).shuffle("numbers")      # component 1, task 0 -> worker 1
+    from topo.sinks import SQLiteSink
+    b.bolt("sink", SQLiteSink(str(db), "seen", ["n"], ["n"], flush_interval_s=0.05)).shuffle("pass")
+    return b.build()
+
+
+def test_a_worker_killed_mid_run_is_restarted_and_nothing_is_lost(tmp_path: Path) -> None:
+    db = tmp_path / "seen.db"
+    topology = _numbers_into_sqlite(20_000, db, delay_s=0.0002, message_timeout_s=2.0)
+    cfg = resolve(topology.config, {})
+    with tempfile.TemporaryDirectory() as d:
+        sup = Supervisor(topology, cfg, 2, d)
+        sup.start()
+        box: dict[str, object] = {}
+        t = threading.Thread(target=lambda: box.setdefault("result", sup.supervise(None)))
+        t.start()
+        try:
+            time.sleep(1.5)
+            victim = sup.procs[1].process            # runs the pass bolt
+            os.kill(victim.pid, signal.SIGKILL)
+            t.join(240)
+        finally:
+            sup.stop_all()
+        assert not t.is_alive()
+    assert sup.procs[1].restarts == 1
+    with sqlite3.connect(db) as conn:
+        seen = {n for (n,) in conn.execute("SELECT n FROM seen")}
+    assert seen == set(range(20_000))               # every number got through, replays included
+
+
+SLOW = """
+name: slow
+config:
+  acking: true
+  max_spout_pending: 2000
+  message_timeout_s: 60
+  backpressure.policy: none
+spouts:
+  - {id: numbers, class: worker_components.Numbers, kwargs: {total: 0}}
+bolts:
+  - {id: slow, class: worker_components.Pass, kwargs: {delay_s: 0.002}}
+streams:
+  - {from: numbers, to: slow, grouping: {type: shuffle}}
+"""
+
+
+def test_sigterm_drains_across_workers_and_accounts_for_every_tuple(tmp_path: Path) -> None:
+    (tmp_path / "slow.yaml").write_text(SLOW)
+    proc = subprocess.Popen(TOPO + ["run", "slow.yaml", "--workers", "2", "--config", "drain_timeout_s=3"],
+                            cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-2000:]
+    row = next(line for line in out.splitlines() if line.startswith("numbers")).split()
+    emitted, acked, failed = (int(row[i].replace(",", "")) for i in (2, 4, 5))
+    assert emitted > 0 and emitted == acked + failed          # nothing in flight vanished
+    assert "stopped (signal)" in out or "signal" in out
+
+
+def test_stepwise_signals_cross_workers_through_zookeeper(zookeeper) -> None:
+    b = TopologyBuilder("acrossworkers", {
+        "acking": True, "max_spout_pending": 20000, "backpressure.policy": "stepwise",
+        "queue.high_mark": "2KB", "queue.low_mark": "256B", "backpressure.sensitivity_ms": 200,
+        "coordinator": zookeeper.url("/topo-workers")})
+    b.spout("numbers", Numbers(8000))                      # worker 0
+    b.bolt("slow", Pass(0.001)).shuffle("numbers")        # worker 1: its queue signals the spout
+    topology = b.build()
+    result = run_workers(topology, resolve(topology.config, {}), workers=2)
+    spout = next(s for s in result.stats if s.component == "numbers")
+    slow = next(s for s in result.stats if s.component == "slow")
+    assert slow.signals_sent.get("BACKPRESSURE", 0) >= 1          # sent by worker 1 ...
+    assert spout.signals_received.get("BACKPRESSURE", 0) >= 1     # ... obeyed by worker 0
+    assert spout.acked == 8000 and slow.executed == 8000           # and nothing was lost
+
+
+def test_what_cannot_run_in_workers_is_one_line() -> None:
+    b = TopologyBuilder("x", {"backpressure.policy": "source_stop"})
+    b.spout("numbers", Numbers(1))
+    b.bolt("pass", Pass()).shuffle("numbers")
+    t = b.build()
+    with pytest.raises(TopologyError, match="'source_stop' works within one process only"):
+        check_shippable(t, resolve(t.config, {}))
+
+    class Local(Pass):
+        pass
+
+    b = TopologyBuilder("y")
+    b.spout("numbers", Numbers(1))
+    b.bolt("pass", Local()).shuffle("numbers")
+    t = b.build()
+    with pytest.raises(TopologyError, match="cannot be shipped to a worker process"):
+        check_shippable(t, resolve(t.config, {}))
