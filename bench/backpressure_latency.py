@@ -63,14 +63,20 @@ class Task:
     def observed_rate(self) -> float:
         return self.rate
 
-    def set_rate(self, tuples_per_second: float) -> None:
-        self.applied_at = time.perf_counter()
+    def executed_count(self) -> int:
+        return 0
+
+    def set_rate(self, tuples_per_second: float | None) -> None:
+        if tuples_per_second is not None:
+            self.applied_at = time.perf_counter()
         self.limit = tuples_per_second
         self.changed.set()
 
-    def clear_rate(self) -> None:
-        self.limit = None
-        self.changed.set()
+    def show(self, display: object) -> None:
+        """Nothing to display in a benchmark."""
+
+    def count_signal(self, direction: str, kind: str) -> None:
+        """Nothing to count in a benchmark."""
 
 
 async def measure(coordinator: Coordinator, samples: int) -> list[float]:
