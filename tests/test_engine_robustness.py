@@ -305,3 +305,45 @@ streams:
     with pytest.raises(SpecError, match=r"bad.yaml:6: bolts\[0\].execute_timeout_s: must be a number of seconds "
                                         r"above 0 and at most 86400 \(got -1\)"):
         load_spec(str(bad))
+
+
+# -- a slow spout's tuples are not held for a full batch ------------------------------------
+
+class Gated(SharedMixin, Spout):
+    """Emits one tuple per call, then waits for the test to open the gate again."""
+
+    outputs = ["n"]
+
+    def __init__(self, shared: Shared) -> None:
+        self.shared, self.i = shared, 0
+
+    async def next_tuple(self) -> None:
+        if self.i >= 3:
+            raise EndOfStream
+        self.collector.emit([self.i])
+        self.i += 1
+        while not self.shared.release.is_set():
+            await asyncio.sleep(0.001)
+        self.shared.release.clear()
+
+
+class Seen(SharedMixin, Bolt):
+    def __init__(self, shared: Shared) -> None:
+        self.shared = shared
+
+    def execute(self, tup: Tuple) -> None:
+        self.shared.seen.append(tup["n"])
+
+
+async def test_a_spout_that_waits_between_tuples_has_each_delivered_within_the_flush_interval() -> None:
+    shared = Shared()
+    engine = _engine(Gated(shared), Seen(shared))     # batch.size 256: a batch never fills here
+    run = asyncio.create_task(engine.run())
+    for n in range(3):
+        deadline = time.monotonic() + HANG_GUARD_S
+        while len(shared.seen) <= n:            # tuple n arrives while the spout still waits
+            assert time.monotonic() < deadline, f"tuple {n} held back in a partial batch"
+            await asyncio.sleep(0.005)
+        shared.release.set()
+    await asyncio.wait_for(run, HANG_GUARD_S)
+    assert shared.seen == [0, 1, 2]

@@ -16,6 +16,7 @@ declared stream raises ``topo.api.EmitError``, built by ``topo.api``'s functions
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -67,6 +68,8 @@ class Outbox:
         self.lanes: dict[int, Lane] = {}
         self.pending_count = 0
         self.last_flush_at = time.monotonic()
+        self._flushing: asyncio.Future[None] | None = None
+        self._background: asyncio.Future[int] | None = None   # keeps a flush_soon task referenced
         self._pack = msgpack.Packer(autoreset=True).pack
         self.untracked: dict[str, UntrackedEmit] = {}
         self.tracked: dict[str, TrackedEmit] = {}
@@ -205,10 +208,31 @@ class Outbox:
             return sum(self.size_of(t.values, t.origin.stream) for t in batch)
 
     async def flush(self) -> int:
-        """Send every pending batch; returns nanoseconds spent waiting for queue room."""
+        """Send every pending batch; returns nanoseconds spent waiting for queue room.
+
+        Flushes of one outbox never overlap (a background flush, ``flush_soon``, may be
+        under way when the task flushes): the second waits for the first, so batches
+        to one target keep their order.
+        """
+        while self._flushing is not None:
+            await asyncio.shield(self._flushing)
         self.last_flush_at = time.monotonic()
         if not self.pending_count:
             return 0
+        self._flushing = asyncio.get_running_loop().create_future()
+        try:
+            return await self._flush()
+        finally:
+            done, self._flushing = self._flushing, None
+            done.set_result(None)
+
+    def flush_soon(self) -> None:
+        """A flush from outside the task's own loop: its task is busy inside a user call
+        (an async ``next_tuple`` that waits) while a partial batch is due."""
+        if self.pending_count and self._flushing is None:
+            self._background = asyncio.ensure_future(self.flush())
+
+    async def _flush(self) -> int:
         self.pending_count = 0
         waited = 0
         queues = self.queues

@@ -273,6 +273,7 @@ class SpoutTask(_TaskBase):
         call = spout.next_tuple
         is_async = inspect.iscoroutinefunction(call)
         max_pending = run.max_spout_pending
+        loop = asyncio.get_running_loop()
         while True:
             if self.outcomes:
                 self.handle_outcomes()
@@ -307,20 +308,25 @@ class SpoutTask(_TaskBase):
             limit = self._chunk()
             if max_tuples is not None:
                 limit = max(1, min(limit, max_tuples - run.spout_emitted))
-            batch_size = outbox.batch_size
             dry = False
             try:
                 while True:
                     mark = collector.emitted
                     if is_async:
-                        await call()
+                        # If the call waits (for its source), what it or an earlier call
+                        # emitted still goes out within the flush interval.
+                        timer = loop.call_later(outbox.flush_interval_s, outbox.flush_soon)
+                        try:
+                            await call()
+                        finally:
+                            timer.cancel()
                     else:
                         call()
                     if collector.emitted == mark:
                         dry = True  # nothing to give right now
                         break
-                    if collector.emitted - before >= limit or outbox.pending_count >= batch_size:
-                        break
+                    if collector.emitted - before >= limit or outbox.due():
+                        break   # a full chunk or batch, or a partial batch past the flush interval
             except EndOfStream:
                 self.exhausted = True
             except EmitError:
