@@ -3,7 +3,7 @@
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
-APT_PKGS := zookeeper prometheus redis-server postgresql
+APT_PKGS := zookeeper libnetty-java openssl prometheus redis-server postgresql
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON = $(abspath $(BIN))/python
 
