@@ -347,3 +347,20 @@ async def test_a_spout_that_waits_between_tuples_has_each_delivered_within_the_f
         shared.release.set()
     await asyncio.wait_for(run, HANG_GUARD_S)
     assert shared.seen == [0, 1, 2]
+
+
+def test_the_emit_rate_has_a_figure_before_the_sampler_gives_one() -> None:
+    shared = Shared()
+    engine = _engine(Count(shared, 10), Seen(shared))
+    spout = engine.spout_tasks[0]
+    now = [100.0]
+    spout.clock = lambda: now[0]
+    assert spout.observed_rate() == 0.0                 # not started
+    spout._start_meters()
+    spout.stats.emitted = 300
+    now[0] = 100.04
+    assert spout.observed_rate() == 0.0                 # under 50 ms: no figure yet
+    now[0] = 100.1
+    assert spout.observed_rate() == pytest.approx(3000.0)   # the mean since the start
+    spout.sample(100.25)                                 # the sampler's first period
+    assert spout.observed_rate() == pytest.approx(300 / 0.25)

@@ -47,6 +47,7 @@ TICK_MARKER: list[Any] = [None]
 _MIN_SLEEP_S = 0.001
 _SPOUT_IDLE_SLEEP_S = 0.001  # Storm's default sleep-spout wait strategy
 _SPOUT_ERROR_BACKOFF_MAX_S = 1.0
+_MIN_RATE_SPAN_S = 0.05      # shortest run time a mean emit rate is read over
 
 
 class Rollback(Exception):
@@ -125,6 +126,8 @@ class _TaskBase:
         self.limiter = RateLimiter()
         self.emit_meter = EwmaRate()      # observed emit rate (a meter; the limit is the limiter's)
         self.executed_meter = EwmaRate()  # processed (executed) input tuples/s
+        self.clock: Callable[[], float] = time.monotonic
+        self.started_at = 0.0             # when run() began (0: not yet)
         self.queue: ByteQueue | None = None
         cfg = self.context.config
         kind = "spout" if self.is_spout else "bolt"
@@ -137,7 +140,20 @@ class _TaskBase:
         return self.queue.bytes if self.queue is not None else 0
 
     def observed_rate(self) -> float:
-        return self.emit_meter.value
+        """The emit rate's EWMA; before its first figure (the sampler needs one period),
+        the mean since the task started, so flow control never reads a running task as
+        idle in its first fraction of a second (a policy stepping it from 0 would have
+        no ``originv``)."""
+        v = self.emit_meter.value
+        if v or not self.started_at:
+            return v
+        elapsed = self.clock() - self.started_at
+        return self.stats.emitted / elapsed if elapsed >= _MIN_RATE_SPAN_S else 0.0
+
+    def _start_meters(self) -> None:
+        self.started_at = now = self.clock()
+        self.emit_meter.sample(self.stats.emitted, now)     # the baseline: a figure one period on
+        self.executed_meter.sample(self.stats.executed, now)
 
     def executed_count(self) -> int:
         return self.stats.executed
@@ -263,6 +279,7 @@ class SpoutTask(_TaskBase):
         self._wake.set()
 
     async def run(self) -> None:
+        self._start_meters()
         try:
             await self._run()
         finally:
@@ -519,6 +536,7 @@ class BoltTask(_TaskBase):
 
     async def run(self) -> None:
         bolt, collector, stats, queue = self.bolt, self.collector, self.stats, self.queue
+        self._start_meters()
         self._runner_task = asyncio.current_task()
         self._loop = asyncio.get_running_loop()
         self._loop_ident = threading.get_ident()
