@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import msgpack
 import pytest
@@ -44,9 +44,12 @@ def _counts(db: Path) -> dict[str, int]:
 
 
 def _kill_and_restart(tmp_path: Path, args: list[str], kills: int, seed: int,
-                      window: tuple[float, float]) -> list[dict[str, int]]:
+                      window: tuple[float, float],
+                      read: Callable[[Path], dict[str, int]] | None = None) -> list[dict[str, int]]:
     """``kills`` runs killed with SIGKILL at random points, then one run to the end.
-    Returns the table after each killed run (for the monotonicity check)."""
+    Returns the table after each killed run (``read(tmp_path)``; by default the
+    SQLite sink's word_counts), for the monotonicity check."""
+    read = read or (lambda d: _counts(d / "wordcount.db"))
     rng = random.Random(seed)
     seen = []
     for _ in range(kills):
@@ -55,7 +58,7 @@ def _kill_and_restart(tmp_path: Path, args: list[str], kills: int, seed: int,
         time.sleep(rng.uniform(*window))
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
-        seen.append(_counts(tmp_path / "wordcount.db"))
+        seen.append(read(tmp_path))
     done = subprocess.run(TOPO + ["run", *args, "--quiet"], cwd=tmp_path, env=_env(),
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

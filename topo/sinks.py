@@ -1,89 +1,113 @@
 """Database sink bolts.
 
-``SQLiteSink`` upserts each tuple as a row keyed by ``key_fields``: a replayed tuple
-rewrites the same row with the same values instead of adding one, so at-least-once
-delivery does not double-count. Rows are buffered and written in one transaction
-per flush; the input tuples are acked only after their transaction commits, so a
-crash before the commit leaves them unacked and they are replayed.
+``SQLiteSink`` and ``PostgresSink`` upsert each tuple as a row keyed by ``key_fields``:
+a replayed tuple rewrites the same row with the same values instead of adding one, so
+at-least-once delivery does not double-count. Rows are buffered and written in one
+transaction per flush; the input tuples are acked only after their transaction commits,
+so a crash before the commit leaves them unacked and they are replayed.
 
-With checkpoints on (``checkpoint.interval_ms``) the sink writes nothing on its own:
+With checkpoints on (``checkpoint.interval_ms``) a sink writes nothing on its own:
 the rows it receives between two checkpoints are part of its checkpointed state, and
 when a checkpoint is durable they are written in one transaction together with a
-marker row ``(sink, checkpoint id)`` in ``_topo_commits``; a checkpoint whose marker
-is already there is not written again. After any crash and restart the table holds
-exactly what a crash-free run writes.
+marker row ``(sink, checkpoint id)`` in ``_topo_commits`` (in the same database); a
+checkpoint whose marker is already there is not written again. After any crash and
+restart the table holds exactly what a crash-free run writes.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import sqlite3
 import time
+import zlib
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from topo.api import Bolt, TaskContext, Tuple
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def _ident(kind: str, name: str) -> str:
+def _ident(kind: str, name: str, owner: str = "SQLiteSink") -> str:
     if not _IDENT.match(name):
-        raise ValueError(f"SQLiteSink: {kind} {name!r} is not a plain SQL identifier")
+        raise ValueError(f"{owner}: {kind} {name!r} is not a plain SQL identifier")
     return f'"{name}"'
 
 
-class SQLiteSink(Bolt):
-    """Upsert ``fields`` into ``table`` at ``path``, keyed by ``key_fields``."""
+class _UpsertSink(Bolt):
+    """What the database sinks share: keyed upserts, acks after the commit, and the
+    checkpoint protocol (sealed rows plus a marker row, in one transaction, once).
+
+    A subclass opens the connection (``_connect``), names its placeholder (``_mark``)
+    and gives a cursor inside one transaction (``_transaction``)."""
 
     auto_ack = False
     tick_interval_s = 0.25
+    _mark = "?"
 
-    def __init__(self, path: str, table: str, fields: Sequence[str], key_fields: Sequence[str],
-                 flush_rows: int = 1000, flush_interval_s: float = 0.25) -> None:
-        self.path = path
+    def __init__(self, table: str, fields: Sequence[str], key_fields: Sequence[str],
+                 flush_rows: int, flush_interval_s: float) -> None:
+        owner = type(self).__name__
         self.table = table
         self.fields = list(fields)
         self.key_fields = list(key_fields)
         if not self.key_fields or any(k not in self.fields for k in self.key_fields):
-            raise ValueError(f"SQLiteSink: key_fields {self.key_fields} must be a non-empty subset of fields {self.fields}")
+            raise ValueError(f"{owner}: key_fields {self.key_fields} must be a non-empty subset of fields {self.fields}")
         for f in self.fields:
-            _ident("field", f)
+            _ident("field", f, owner)
         self.input_fields = tuple(self.fields)   # checked against its input streams at validation
-        self.writes_to = {"path": path}          # checked to be writable before a run starts
-        _ident("table", table)
+        _ident("table", table, owner)
         self.flush_rows = flush_rows
         self.flush_interval_s = flush_interval_s
         self.tick_interval_s = flush_interval_s
-        self._conn: sqlite3.Connection | None = None
+        self._conn: Any = None
         self._rows: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         self._tuples: list[Tuple] = []
         self._last_flush = 0.0
         self._checkpointing = False
         self._sealed: list[list[Any]] = []     # rows of checkpoints not yet committed here
         self._sink_id = ""
+        self._table_ready = False
 
+    def _q(self, kind: str, name: str) -> str:
+        return _ident(kind, name, type(self).__name__)
+
+    # -- what a database provides ----------------------------------------------------------
+    def _connect(self) -> Any:
+        raise NotImplementedError
+
+    def _create_table(self, cur: Any, sample: Sequence[Any] | None) -> bool:
+        """Make sure ``table`` exists: in ``prepare`` (``sample`` None) and, until this
+        returns True, before the first write (``sample`` is a row of it). True once it does."""
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[Any]:
+        raise NotImplementedError
+        yield
+
+    # -- shared ----------------------------------------------------------------------------
     def prepare(self, context: TaskContext, collector: Any) -> None:
         super().prepare(context, collector)
-        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self._conn = sqlite3.connect(self.path, timeout=30)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        cols = ", ".join(_ident("field", f) for f in self.fields)
-        keys = ", ".join(_ident("field", k) for k in self.key_fields)
-        self._conn.execute(f"CREATE TABLE IF NOT EXISTS {_ident('table', self.table)} ({cols}, PRIMARY KEY ({keys}))")
-        self._conn.commit()
-        updates = ", ".join(f"{_ident('field', f)}=excluded.{_ident('field', f)}"
+        self._conn = self._connect()
+        cols = ", ".join(self._q("field", f) for f in self.fields)
+        keys = ", ".join(self._q("field", k) for k in self.key_fields)
+        updates = ", ".join(f"{self._q('field', f)}=excluded.{self._q('field', f)}"
                             for f in self.fields if f not in self.key_fields)
-        marks = ", ".join("?" for _ in self.fields)
-        self._sql = (f"INSERT INTO {_ident('table', self.table)} ({cols}) VALUES ({marks}) "
+        marks = ", ".join(self._mark for _ in self.fields)
+        self._sql = (f"INSERT INTO {self._q('table', self.table)} ({cols}) VALUES ({marks}) "
                      f"ON CONFLICT ({keys}) DO " + (f"UPDATE SET {updates}" if updates else "NOTHING"))
         self._key_pos = [self.fields.index(k) for k in self.key_fields]
         self._last_flush = time.monotonic()
         self._checkpointing = context.config.get("checkpoint.interval_ms") is not None
+        with self._transaction() as cur:
+            self._table_ready = self._create_table(cur, None)
+            if self._checkpointing:
+                cur.execute("CREATE TABLE IF NOT EXISTS _topo_commits (sink TEXT, checkpoint BIGINT, "
+                            "PRIMARY KEY (sink, checkpoint))")
         if self._checkpointing:
             self._sink_id = f"{context.topology}/{context.component}/{context.task_index}/{self.table}"
-            self._conn.execute("CREATE TABLE IF NOT EXISTS _topo_commits (sink TEXT, checkpoint INTEGER, "
-                               "PRIMARY KEY (sink, checkpoint))")
-            self._conn.commit()
 
     def execute(self, tup: Tuple) -> None:
         row = tuple(tup[f] for f in self.fields)
@@ -116,21 +140,27 @@ class SQLiteSink(Bolt):
         a crash): so after any crash the table is what a crash-free run writes."""
         if not self._checkpointing or self._conn is None:
             return
-        with self._conn:
-            done = self._conn.execute("SELECT 1 FROM _topo_commits WHERE sink = ? AND checkpoint = ?",
-                                      (self._sink_id, checkpoint_id)).fetchone()
+        m = self._mark
+        with self._transaction() as cur:
+            done = cur.execute(f"SELECT 1 FROM _topo_commits WHERE sink = {m} AND checkpoint = {m}",
+                               (self._sink_id, checkpoint_id)).fetchone()
             if not done:
                 for rows in self._sealed:
-                    self._conn.executemany(self._sql, rows)
-                self._conn.execute("INSERT INTO _topo_commits VALUES (?, ?)", (self._sink_id, checkpoint_id))
+                    self._upsert(cur, rows)
+                cur.execute(f"INSERT INTO _topo_commits VALUES ({m}, {m})", (self._sink_id, checkpoint_id))
         self._sealed = []
+
+    def _upsert(self, cur: Any, rows: Sequence[Sequence[Any]]) -> None:
+        if rows and not self._table_ready:
+            self._table_ready = self._create_table(cur, rows[0])
+        cur.executemany(self._sql, rows)
 
     def flush(self) -> None:
         """One transaction for the buffered rows, then ack their tuples."""
         assert self._conn is not None
         if self._rows:
-            with self._conn:
-                self._conn.executemany(self._sql, list(self._rows.values()))
+            with self._transaction() as cur:
+                self._upsert(cur, list(self._rows.values()))
         for t in self._tuples:
             self.collector.ack(t)
         self._rows.clear()
@@ -143,6 +173,147 @@ class SQLiteSink(Bolt):
                 self.flush()
             self._conn.close()
             self._conn = None
+
+
+class SQLiteSink(_UpsertSink):
+    """Upsert ``fields`` into ``table`` at ``path``, keyed by ``key_fields``."""
+
+    def __init__(self, path: str, table: str, fields: Sequence[str], key_fields: Sequence[str],
+                 flush_rows: int = 1000, flush_interval_s: float = 0.25) -> None:
+        super().__init__(table, fields, key_fields, flush_rows, flush_interval_s)
+        self.path = path
+        self.writes_to = {"path": path}          # checked to be writable before a run starts
+
+    def _connect(self) -> sqlite3.Connection:
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self.path, timeout=30)
+        conn.execute("PRAGMA journal_mode=WAL")
+        return conn
+
+    def _create_table(self, cur: Any, sample: Sequence[Any] | None) -> bool:
+        cols = ", ".join(self._q("field", f) for f in self.fields)
+        keys = ", ".join(self._q("field", k) for k in self.key_fields)
+        cur.execute(f"CREATE TABLE IF NOT EXISTS {self._q('table', self.table)} ({cols}, PRIMARY KEY ({keys}))")
+        return True
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Cursor]:
+        with self._conn:                # commits, or rolls back on an exception
+            yield self._conn.cursor()
+
+
+class PostgresSink(_UpsertSink):
+    """Upsert ``fields`` into ``table`` of the PostgreSQL database at ``dsn``, keyed by
+    ``key_fields`` (``INSERT ... ON CONFLICT (keys) DO UPDATE``).
+
+    ``dsn`` is a libpq connection string or URI, or ``env:VARNAME`` to read it from that
+    environment variable when the task starts (so no password is written in the YAML).
+    The DSN is never printed: a failed connection is one line naming host, port,
+    database and user. A table that does not exist is created at the first write, each
+    column typed by ``column_types`` (field -> SQL type) or else by the first row's value
+    (int BIGINT, float DOUBLE PRECISION, bool BOOLEAN, bytes BYTEA, otherwise TEXT).
+    """
+
+    _mark = "%s"
+
+    def __init__(self, dsn: str, table: str, fields: Sequence[str], key_fields: Sequence[str],
+                 flush_rows: int = 1000, flush_interval_s: float = 0.25,
+                 column_types: Mapping[str, str] | None = None) -> None:
+        super().__init__(table, fields, key_fields, flush_rows, flush_interval_s)
+        self.dsn = dsn
+        self.column_types = dict(column_types or {})
+        unknown = sorted(set(self.column_types) - set(self.fields))
+        if unknown:
+            raise ValueError(f"PostgresSink: column_types names {unknown}, which are not in fields {self.fields}")
+        for f, t in self.column_types.items():
+            if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_ ()\[\],]*", t):
+                raise ValueError(f"PostgresSink: column_types[{f!r}] {t!r} is not a plain SQL type")
+
+    def __repr__(self) -> str:          # never the DSN: it may hold a password
+        return f"PostgresSink(table={self.table!r}, fields={self.fields}, key_fields={self.key_fields})"
+
+    def _resolved_dsn(self) -> str:
+        if not self.dsn.startswith("env:"):
+            return self.dsn
+        name = self.dsn[len("env:"):]
+        value = os.environ.get(name)
+        if not value:
+            raise ValueError(f"PostgresSink: dsn is env:{name} but the environment variable {name} is not set")
+        return value
+
+    def _connect(self) -> Any:
+        import psycopg
+
+        dsn = self._resolved_dsn()
+        try:
+            return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+        except psycopg.Error as e:
+            reason = _redact(str(e), dsn)
+        raise ConnectionError(f"PostgresSink: cannot connect to {_where(dsn)}: {reason}")
+
+    def _create_table(self, cur: Any, sample: Sequence[Any] | None) -> bool:
+        # Parallel tasks start together: one at a time creates the tables (CREATE TABLE IF
+        # NOT EXISTS can otherwise race on the catalogue).
+        cur.execute("SELECT pg_advisory_xact_lock(%s)", (zlib.crc32(b"topo.sinks.PostgresSink"),))
+        table = self._q("table", self.table)
+        if sample is None and any(f not in self.column_types for f in self.fields):
+            # a type to infer from the first row: create it then, unless it exists
+            return cur.execute("SELECT to_regclass(%s)", (table,)).fetchone()[0] is not None
+        types = [self.column_types.get(f) or _pg_type(sample[i] if sample is not None else None)
+                 for i, f in enumerate(self.fields)]
+        cols = ", ".join(f"{self._q('field', f)} {t}" for f, t in zip(self.fields, types))
+        keys = ", ".join(self._q("field", k) for k in self.key_fields)
+        cur.execute(f"CREATE TABLE IF NOT EXISTS {table} ({cols}, PRIMARY KEY ({keys}))")
+        return True
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[Any]:
+        with self._conn.transaction(), self._conn.cursor() as cur:
+            yield cur
+
+
+def _pg_type(value: Any) -> str:
+    """The column type a new table gets for a field whose first value is ``value``."""
+    if isinstance(value, bool):
+        return "BOOLEAN"
+    if isinstance(value, int):
+        return "BIGINT"
+    if isinstance(value, float):
+        return "DOUBLE PRECISION"
+    if isinstance(value, (bytes, bytearray)):
+        return "BYTEA"
+    return "TEXT"
+
+
+def _where(dsn: str) -> str:
+    """``host H port P database D user U`` of a DSN, without its password."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        info = conninfo_to_dict(dsn)
+    except Exception:
+        return "the server (the DSN does not parse; it is not shown)"
+    env = os.environ
+    host = info.get("host") or info.get("hostaddr") or env.get("PGHOST") or "localhost"
+    user = info.get("user") or env.get("PGUSER") or "(default user)"
+    db = info.get("dbname") or env.get("PGDATABASE") or user
+    port = info.get("port") or env.get("PGPORT") or "5432"
+    return f"host {host} port {port} database {db} user {user}"
+
+
+def _redact(text: str, dsn: str) -> str:
+    """One line of a libpq error, with no trace of the DSN's password."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    line = "; ".join(lines) or "connection failed"
+    try:
+        password = conninfo_to_dict(dsn).get("password")
+    except Exception:           # unparsable: its text may hold anything, say nothing of it
+        return "the DSN does not parse"
+    if password:
+        line = line.replace(str(password), "***")
+    return line[:300]
 
 
 def read_table(path: str, table: str) -> list[tuple[Any, ...]]:
