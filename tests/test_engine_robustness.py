@@ -364,3 +364,22 @@ def test_the_emit_rate_has_a_figure_before_the_sampler_gives_one() -> None:
     assert spout.observed_rate() == pytest.approx(3000.0)   # the mean since the start
     spout.sample(100.25)                                 # the sampler's first period
     assert spout.observed_rate() == pytest.approx(300 / 0.25)
+
+
+# -- seams.ShareRouter: weighted shuffle for load balancing -------------------------------------
+
+def test_set_shares_weights_a_shuffle_edge_and_leaves_a_fields_edge_alone() -> None:
+    b = TopologyBuilder("shares", {"backpressure.policy": "none"})
+    b.spout("src", Count(Shared(), 1))
+    b.bolt("work", Seen(Shared()), parallelism=2).shuffle("src")
+    b.bolt("keyed", Seen(Shared()), parallelism=2).fields("src", "n")
+    engine = LocalEngine(b.build())
+    spout = engine.spout_tasks[0]
+    w1, w2 = engine.task_ids["work"]
+    assert engine.set_shares(spout.task_id, "work", {w1: 0.8, w2: 0.2})
+    assert not engine.set_shares(spout.task_id, "keyed", {t: 0.5 for t in engine.task_ids["keyed"]})
+    router = next(r for routes in spout.outbox.streams.values() for r in routes.routers
+                  if r.targets == [w1, w2])
+    picks = [router.targets[router.select([i])] for i in range(1000)]
+    assert picks.count(w1) == 800 and picks.count(w2) == 200
+    assert max(len(run) for run in "".join("a" if p == w1 else "b" for p in picks).split("a")) <= 1

@@ -37,6 +37,9 @@ class Router:
     targets: list[int]
     select: Callable[[Sequence[Any]], int]
     broadcast: bool = False
+    # Shuffle-like routers can be weighted while they run (document 004's load
+    # balancing): ``weigh(shares)`` with one share per target; None for the others.
+    weigh: Callable[[Sequence[float]], None] | None = None
 
 
 class Grouping:
@@ -62,22 +65,50 @@ class ShuffleGrouping(Grouping):
     kind = "shuffle"
 
     def router(self, targets, fields, *, rng, local_tasks=frozenset(), load=None) -> Router:
-        return Router(targets, _round_robin(len(targets), rng))
+        return _round_robin_router(targets, rng)
 
 
-def _round_robin(n: int, rng: random.Random) -> Callable[[Sequence[Any]], int]:
+SCHEDULE_SLOTS = 100   # a weighted shuffle's cycle: shares are honoured to 1%
+
+
+def _round_robin_router(targets: list[int], rng: random.Random) -> Router:
+    """Round robin from a random start over a schedule of target indices: one slot per
+    target (even spread) until ``weigh`` spreads the slots by shares."""
+    n = len(targets)
     if n == 1:
-        return lambda values: 0
-    state = [rng.randrange(n)]
+        return Router(targets, lambda values: 0)
+    state: list[Any] = [rng.randrange(n), list(range(n))]
 
     def select(values: Sequence[Any]) -> int:
         i = state[0] + 1
-        if i == n:
+        schedule = state[1]
+        if i >= len(schedule):
             i = 0
         state[0] = i
-        return i
+        return schedule[i]
 
-    return select
+    def weigh(shares: Sequence[float]) -> None:
+        state[1] = weighted_schedule(shares)
+
+    return Router(targets, select, weigh=weigh)
+
+
+def weighted_schedule(shares: Sequence[float], slots: int = SCHEDULE_SLOTS) -> list[int]:
+    """Target indices interleaved in proportion to ``shares`` (smooth weighted round robin,
+    as nginx spreads upstream weights): no long run of one target."""
+    total = sum(max(0.0, s) for s in shares)
+    if total <= 0:
+        return list(range(len(shares)))
+    weights = [max(0.0, s) / total for s in shares]
+    current = [0.0] * len(weights)
+    out = []
+    for _ in range(slots):
+        for k, w in enumerate(weights):
+            current[k] += w
+        best = max(range(len(weights)), key=current.__getitem__)
+        current[best] -= 1.0
+        out.append(best)
+    return out
 
 
 @dataclass
@@ -151,7 +182,7 @@ class LocalOrShuffleGrouping(Grouping):
     def router(self, targets, fields, *, rng, local_tasks=frozenset(), load=None) -> Router:
         local = [t for t in targets if t in local_tasks] if local_tasks else []
         chosen = local or targets
-        return Router(chosen, _round_robin(len(chosen), rng))
+        return _round_robin_router(chosen, rng)
 
 
 class LoadAwareGrouping(Grouping):
@@ -168,7 +199,7 @@ class LoadAwareGrouping(Grouping):
     def router(self, targets, fields, *, rng, local_tasks=frozenset(), load=None) -> Router:
         n = len(targets)
         if load is None or n == 1:
-            return Router(targets, _round_robin(n, rng))
+            return _round_robin_router(targets, rng)
         level = load.water_level
         rand = rng.randrange
 

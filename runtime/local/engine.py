@@ -198,6 +198,21 @@ class LocalEngine:
     def stop_reason(self) -> str:
         return self.run_state.stop_reason
 
+    def set_shares(self, upstream_task_id: int, component: str, shares: Any) -> bool:
+        """``seams.ShareRouter``: weight one upstream task's routing to ``component``'s tasks
+        (shuffle-like edges only: a fields, all or global edge is never re-weighted)."""
+        task = next((t for t in self.tasks if t.task_id == upstream_task_id), None)
+        targets = self.task_ids.get(component)
+        if task is None or targets is None:
+            return False
+        applied = False
+        for routes in task.outbox.streams.values():
+            for router in routes.routers:
+                if router.weigh is not None and router.targets == targets:
+                    router.weigh([float(shares.get(t, 0.0)) for t in targets])
+                    applied = True
+        return applied
+
     def water_level(self, task_id: int) -> float:
         """LoadView for load-aware grouping: fraction of the hard bound in use (for a task
         of another worker: the bytes in flight to it)."""
@@ -262,6 +277,8 @@ class LocalEngine:
                 await self.network.start(self.queues,
                                          acker.apply if acker is not None else (lambda r, x: None),
                                          acker.fail if acker is not None else (lambda r, why: None))
+            if hasattr(self.flow, "share_router"):    # a flow control that balances load (004)
+                self.flow.share_router = self
             await self.flow.start(self.tasks)
         except BaseException:     # a refused claim, an unreachable ZooKeeper, a bad checkpoint
             self._close_components(self.tasks)
