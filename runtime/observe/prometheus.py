@@ -32,11 +32,24 @@ series that comes and goes would leave dashboard panels empty.
 Default port for a local run is 9464 (``--metrics-port 9464``, what
 ``configs/prometheus.yml`` scrapes); ``metrics.port: 0`` (the default) turns the
 exporter off.
+
+Who may scrape: the exporter listens on 127.0.0.1 unless ``metrics.host`` says
+otherwise, and an address other machines can reach gets one warning line at start.
+``metrics.tls.cert``/``metrics.tls.key`` serve HTTPS with the SSL context
+prometheus_client's own ``start_http_server`` builds from ``certfile``/``keyfile``;
+``metrics.tls.client_ca`` adds its ``client_cafile`` + ``client_auth_required``: only a
+scraper with a certificate that CA signed gets an answer. prometheus_client's server
+has no basic auth (its ``basic_auth_handler`` is for pushing), so neither has this one;
+client certificates are the way to restrict scrapers (docs/security.md).
 """
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import logging
+import os
 import socket
+import ssl
 import threading
 import time
 from dataclasses import dataclass
@@ -45,7 +58,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
-from prometheus_client.exposition import ThreadingWSGIServer, choose_encoder
+from prometheus_client.exposition import ThreadingWSGIServer, _get_ssl_ctx, choose_encoder
 from prometheus_client.metrics_core import (CounterMetricFamily, GaugeMetricFamily,
                                             HistogramMetricFamily, Metric)
 from prometheus_client.registry import Collector
@@ -54,6 +67,8 @@ from prometheus_client.utils import floatToGoString
 from backpressure.signals import KINDS as SIGNAL_KINDS
 from runtime.observe.stats import Histogram, TaskStats
 from runtime.observe.spark_stats import SparkStats
+
+log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 9464
 LABELS: tuple[str, ...] = ("topology", "component", "task")
@@ -282,6 +297,67 @@ def make_registry(tasks: Callable[[], Sequence[TaskStats]],
     return registry, collector
 
 
+class MetricsTlsError(OSError):
+    """``metrics.tls.*`` cannot be used (a missing half, an unreadable file): one line,
+    reported by ``topo run`` like any file it cannot open."""
+
+
+@dataclass(frozen=True)
+class MetricsTls:
+    """``metrics.tls.*``: the exporter's certificate and key (PEM), and optionally the CA
+    whose client certificates alone may scrape. Paths only; contents are never shown."""
+
+    cert: str
+    key: str
+    client_ca: str | None = None
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> "MetricsTls | None":
+        cert, key, client_ca = (config.get(f"metrics.tls.{k}") for k in ("cert", "key", "client_ca"))
+        if not (cert or key or client_ca):
+            return None
+        if not (cert and key):
+            raise MetricsTlsError("metrics.tls.cert and metrics.tls.key go together (and metrics.tls.client_ca "
+                                   "needs both): set both or none")
+        for k, path in (("cert", cert), ("key", key), ("client_ca", client_ca)):
+            if path and not os.access(path, os.R_OK):
+                raise MetricsTlsError(f"metrics.tls.{k}: cannot read {path}")
+        return cls(str(cert), str(key), str(client_ca) if client_ca else None)
+
+    def context(self) -> ssl.SSLContext:
+        """The server context ``start_http_server(certfile=, keyfile=, client_cafile=,
+        client_auth_required=)`` would use."""
+        return _get_ssl_ctx(self.cert, self.key, ssl.PROTOCOL_TLS_SERVER, cafile=self.client_ca,
+                            client_auth_required=self.client_ca is not None,
+                            tls_min_version=ssl.TLSVersion.TLSv1_2)
+
+
+def is_loopback(host: str) -> bool:
+    """True when ``host`` names only this machine (127.0.0.0/8, ::1, localhost)."""
+    if host in ("", "0.0.0.0", "::"):
+        return False
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(str(i[4][0]).split("%")[0]).is_loopback for i in infos)
+
+
+def warn_if_exposed(host: str, port: int, tls: "MetricsTls | None") -> None:
+    """One warning line, as an exporter starts, when other machines may scrape it."""
+    if is_loopback(host):
+        return
+    who = ("anyone with a certificate metrics.tls.client_ca signed" if tls and tls.client_ca else
+           "anyone who can reach it")
+    log.warning("metrics.host is %s, not a loopback address: the Prometheus exporter on port %d answers %s%s "
+                "(metric names, topology and component names, rates); see docs/security.md",
+                host or "every address", port, who, "" if tls else ", over plain HTTP")
+
+
 class _QuietHandler(WSGIRequestHandler):
     """No access log: a scrape every second would flood the run's stderr."""
 
@@ -292,15 +368,17 @@ class _QuietHandler(WSGIRequestHandler):
 class _Endpoint:
     """What both servers share: where they listen and what they serve."""
 
-    def __init__(self, registry: CollectorRegistry, port: int = DEFAULT_PORT, host: str = "127.0.0.1") -> None:
+    def __init__(self, registry: CollectorRegistry, port: int = DEFAULT_PORT, host: str = "127.0.0.1",
+                 tls: MetricsTls | None = None) -> None:
         self.registry = registry
         self.host = host
         self.requested_port = port
+        self.tls = tls
         self.port: int | None = None
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}/metrics"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}/metrics"
 
 
 class MetricsServer(_Endpoint):
@@ -317,8 +395,9 @@ class MetricsServer(_Endpoint):
 
     POLL_S = 0.05
 
-    def __init__(self, registry: CollectorRegistry, port: int = DEFAULT_PORT, host: str = "127.0.0.1") -> None:
-        super().__init__(registry, port, host)
+    def __init__(self, registry: CollectorRegistry, port: int = DEFAULT_PORT, host: str = "127.0.0.1",
+                 tls: MetricsTls | None = None) -> None:
+        super().__init__(registry, port, host, tls)
         self._server: ThreadingWSGIServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -326,11 +405,15 @@ class MetricsServer(_Endpoint):
         """Bind and serve; returns the bound port."""
         if self._server is not None:
             raise RuntimeError("metrics server already started")
+        context = self.tls.context() if self.tls else None
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         server_cls = type("_MetricsHTTPServer", (ThreadingWSGIServer,), {"address_family": family})
         self._server = make_server(self.host, self.requested_port, make_wsgi_app(self.registry),
                                    server_cls, handler_class=_QuietHandler)
+        if context is not None:     # as start_http_server does with certfile/keyfile
+            self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
         self.port = self._server.server_address[1]
+        warn_if_exposed(self.host, self.port, self.tls)
         self._thread = threading.Thread(target=self._server.serve_forever, args=(self.POLL_S,),
                                         name=f"metrics:{self.port}", daemon=True)
         self._thread.start()
@@ -353,14 +436,15 @@ def start_threaded_exporter(config: Mapping[str, Any],
                             spark: Callable[[], Sequence[SparkStats]] = _no_spark) -> MetricsServer | None:
     """Exporter for a caller without a running event loop (the Spark driver).
 
-    ``metrics.port`` / ``metrics.host`` as for ``MetricsService``; None when the port
-    is 0 (off). The caller stops the returned server when its run ends.
+    ``metrics.port`` / ``metrics.host`` / ``metrics.tls.*`` as for ``MetricsService``;
+    None when the port is 0 (off). The caller stops the returned server when its run ends.
     """
     port = int(config.get("metrics.port", 0) or 0)
     if port == 0:
         return None
+    tls = MetricsTls.from_config(config)
     registry, _ = make_registry(tasks, spark)
-    server = MetricsServer(registry, port, str(config.get("metrics.host") or "127.0.0.1"))
+    server = MetricsServer(registry, port, str(config.get("metrics.host") or "127.0.0.1"), tls)
     server.start()
     return server
 
@@ -377,8 +461,9 @@ class AsyncMetricsServer(_Endpoint):
 
     READ_TIMEOUT_S = 5.0
 
-    def __init__(self, registry: CollectorRegistry, port: int = DEFAULT_PORT, host: str = "127.0.0.1") -> None:
-        super().__init__(registry, port, host)
+    def __init__(self, registry: CollectorRegistry, port: int = DEFAULT_PORT, host: str = "127.0.0.1",
+                 tls: MetricsTls | None = None) -> None:
+        super().__init__(registry, port, host, tls)
         self._server: asyncio.base_events.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
 
@@ -386,9 +471,12 @@ class AsyncMetricsServer(_Endpoint):
         """Bind and serve on the running loop; returns the bound port."""
         if self._server is not None:
             raise RuntimeError("metrics server already started")
+        context = self.tls.context() if self.tls else None
+        tls_args: dict[str, Any] = {"ssl": context, "ssl_handshake_timeout": self.READ_TIMEOUT_S} if context else {}
         self._server = await asyncio.start_server(self._handle, self.host, self.requested_port,
-                                                  reuse_address=True)
+                                                  reuse_address=True, **tls_args)
         self.port = self._server.sockets[0].getsockname()[1]
+        warn_if_exposed(self.host, self.port, self.tls)
         return self.port
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -437,9 +525,10 @@ class MetricsService:
     """
 
     def __init__(self, port: int = DEFAULT_PORT, host: str = "127.0.0.1", min_window_s: float = 1.0,
-                 threaded: bool = False) -> None:
+                 threaded: bool = False, tls: MetricsTls | None = None) -> None:
         self.port = port
         self.host = host
+        self.tls = tls
         self.min_window_s = min_window_s
         self.threaded = threaded
         self.server: AsyncMetricsServer | MetricsServer | None = None
@@ -447,11 +536,12 @@ class MetricsService:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> "MetricsService | None":
-        """The service for ``metrics.port`` / ``metrics.host``; None when the port is 0 (off)."""
+        """The service for ``metrics.port`` / ``metrics.host`` / ``metrics.tls.*``; None when
+        the port is 0 (off). Unreadable TLS files: ``MetricsTlsError``, one line."""
         port = int(config.get("metrics.port", 0) or 0)
         if port == 0:
             return None
-        return cls(port=port, host=str(config.get("metrics.host") or "127.0.0.1"))
+        return cls(port=port, host=str(config.get("metrics.host") or "127.0.0.1"), tls=MetricsTls.from_config(config))
 
     async def start(self, engine: Any) -> None:
         stats: Sequence[TaskStats] = engine.stats
@@ -460,10 +550,10 @@ class MetricsService:
         registry, self.collector = make_registry(lambda: engine.stats,
                                                  lambda: getattr(engine, "spark_stats", ()) or (), time_split)
         if self.threaded:
-            self.server = MetricsServer(registry, self.port, self.host)
+            self.server = MetricsServer(registry, self.port, self.host, self.tls)
             self.server.start()
         else:
-            self.server = AsyncMetricsServer(registry, self.port, self.host)
+            self.server = AsyncMetricsServer(registry, self.port, self.host, self.tls)
             await self.server.start()
 
     async def stop(self) -> None:
