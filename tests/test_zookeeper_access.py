@@ -12,9 +12,11 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any, Iterator
@@ -435,13 +437,24 @@ def test_topo_run_with_a_wrong_ca_is_one_line_exit_1(zookeeper_tls: ZooKeeperSer
 
 @pytest.mark.zookeeper
 def test_no_output_of_a_run_or_of_status_contains_the_secret(zk: ZooKeeperServer, tmp_path: Path) -> None:
+    """The run takes the secret from a key file, ``topo status`` from TOPO_ZK_AUTH and the
+    file; every output is searched: the run's console (not --quiet, not a terminal) and
+    --debug log lines, a metrics scrape, the status file, ``topo status`` in all its forms."""
     secret = "s3cret-" + secrets.token_urlsafe(16)
     url = zk.url(root())
-    env = dict(os.environ, TOPO_ZK_AUTH=f"digest:alice:{secret}")
+    key_file = tmp_path / "zk.auth"
+    key_file.write_text(f"digest:alice:{secret}\n")
+    os.chmod(key_file, 0o600)
+    plain = {k: v for k, v in os.environ.items() if k != "TOPO_ZK_AUTH"}
+    env = dict(plain, TOPO_ZK_AUTH=f"digest:alice:{secret}")
     status_path = tmp_path / "status.json"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        metrics_port = s.getsockname()[1]
     run = subprocess.Popen([*_topo(), "--debug", "run", str(REPO / "configs" / "slow_stage.yaml"), "--zk", url,
-                            "--duration", "60", "--config", f"status.path={status_path}"],
-                           cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            "--duration", "60", "--config", f"status.path={status_path}",
+                            "--config", f"zookeeper.auth_file={key_file}", "--metrics-port", str(metrics_port)],
+                           cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=plain)
     outputs: list[str] = []
     try:
         client = zk.client(("digest", f"alice:{secret}"))
@@ -457,12 +470,20 @@ def test_no_output_of_a_run_or_of_status_contains_the_secret(zk: ZooKeeperServer
                 time.sleep(0.1)
         finally:
             close(client)
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
+            scraped = r.read().decode()
+        assert 'topology="slow_stage"' in scraped          # labels and values: the scrape is a real one
+        outputs.append(scraped)
         for words in (["--zk", url, "--name", "slow_stage"], ["--zk", url, "--name", "slow_stage", "--json"],
                       ["--file", str(status_path)]):
             r = subprocess.run([*_topo(), "--debug", "status", *words], capture_output=True, text=True,
                                timeout=60, env=env)
             assert r.returncode == 0, r.stderr
             outputs += [r.stdout, r.stderr]
+        r = subprocess.run([*_topo(), "status", "--zk", url, "--name", "slow_stage", "--auth-file", str(key_file)],
+                           capture_output=True, text=True, timeout=60, env=plain)
+        assert r.returncode == 0, r.stderr
+        outputs += [r.stdout, r.stderr]
         bad = subprocess.run([*_topo(), "status", "--zk", url, "--name", "slow_stage"], capture_output=True,
                              text=True, timeout=60, env=dict(env, TOPO_ZK_AUTH=f"digest{secret}"))
         assert bad.returncode == 1 and bad.stderr.count("\n") == 1
@@ -473,5 +494,6 @@ def test_no_output_of_a_run_or_of_status_contains_the_secret(zk: ZooKeeperServer
         outputs += [out, err]
     outputs.append(status_path.read_text())
     assert run.returncode == 0, err[-2000:]
+    assert "spout tuples" in out and "slow_stage" in out and "topo.task" in err   # console and log lines were there
     for text in outputs:
         assert secret not in text
