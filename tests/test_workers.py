@@ -1,5 +1,6 @@
 """A topology in several worker processes: exact results, a killed worker, a drained stop,
-stepwise backpressure across workers through ZooKeeper, and what cannot be shipped."""
+stepwise backpressure across workers on both coordinators, every worker's metrics, and what
+cannot be shipped."""
 from __future__ import annotations
 
 import os
@@ -121,11 +122,16 @@ def test_sigterm_drains_across_workers_and_accounts_for_every_tuple(tmp_path: Pa
     assert "stopped (signal)" in out or "signal" in out
 
 
-def test_stepwise_signals_cross_workers_through_zookeeper(zookeeper) -> None:
+@pytest.mark.parametrize("coordinator", ["embedded", pytest.param("zookeeper", marks=pytest.mark.zookeeper)])
+def test_stepwise_signals_cross_workers_through_the_coordinator(request: pytest.FixtureRequest,
+                                                                coordinator: str) -> None:
+    """On ZooKeeper, and on the embedded default, which the supervisor serves to its workers."""
+    where = (request.getfixturevalue("zookeeper").url("/topo-workers") if coordinator == "zookeeper"
+             else "embedded")
     b = TopologyBuilder("acrossworkers", {
         "acking": True, "max_spout_pending": 20000, "backpressure.policy": "stepwise",
         "queue.high_mark": "2KB", "queue.low_mark": "256B", "backpressure.sensitivity_ms": 200,
-        "coordinator": zookeeper.url("/topo-workers")})
+        "coordinator": where})
     b.spout("numbers", Numbers(8000))                      # worker 0
     b.bolt("slow", Pass(0.001)).shuffle("numbers")        # worker 1: its queue signals the spout
     topology = b.build()
@@ -154,3 +160,106 @@ def test_what_cannot_run_in_workers_is_one_line() -> None:
     t = b.build()
     with pytest.raises(TopologyError, match="cannot be shipped to a worker process"):
         check_shippable(t, resolve(t.config, {}))
+
+
+def _free_ports(n: int) -> int:
+    """The first of ``n`` consecutive ports on 127.0.0.1 that are free now."""
+    import random
+    import socket
+
+    for _ in range(200):
+        base = random.randint(20000, 60000)
+        socks = []
+        try:
+            for p in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no consecutive free ports")
+
+
+def _scrape(port: int, deadline: float) -> str:
+    import urllib.request
+
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                return r.read().decode()
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def test_every_worker_serves_its_metrics_on_its_own_port_with_a_worker_label() -> None:
+    import re
+
+    base = _free_ports(2)
+    b = TopologyBuilder("metered", {"backpressure.policy": "none", "metrics.port": base})
+    b.spout("numbers", Numbers(0))                      # task 1 -> worker 0
+    b.bolt("slow", Pass(0.0005)).shuffle("numbers")     # task 2 -> worker 1
+    topology = b.build()
+    box: dict[str, object] = {}
+    t = threading.Thread(target=lambda: box.setdefault("result", run_workers(
+        topology, resolve(topology.config, {}), workers=2, duration=8)))
+    t.start()
+    try:
+        deadline = time.monotonic() + 60
+        pages = {i: _scrape(base + i, deadline) for i in (0, 1)}
+    finally:
+        t.join(120)
+    assert not t.is_alive()
+    for worker, page in pages.items():
+        samples = [line for line in page.splitlines() if line.startswith("topo_")]
+        assert samples and all(f'worker="{worker}"' in line for line in samples), page[:2000]
+        tasks = set(re.findall(r'topo_tuples_emitted_total\{[^}]*task="(\d+)"', page))
+        assert tasks == {str(worker + 1)}, page[:2000]      # worker 0 runs task 1, worker 1 task 2
+
+
+def test_topo_run_with_workers_serves_every_workers_metrics_and_says_what_is_off(tmp_path: Path) -> None:
+    (tmp_path / "slow.yaml").write_text(SLOW)
+    base = _free_ports(2)
+    proc = subprocess.Popen(TOPO + ["run", "slow.yaml", "--workers", "2", "--metrics-port", str(base),
+                                    "--duration", "6"],
+                            cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        pages = [_scrape(base + i, deadline) for i in (0, 1)]
+    finally:
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    for i, page in enumerate(pages):
+        assert f'topo_tuples_emitted_total{{' in page and f'worker="{i}"' in page
+    notes = [line for line in err.splitlines() if line.startswith("workers: 2:")]
+    assert notes == [f"workers: 2: metrics of worker i on 127.0.0.1:{base}+i ({base}-{base + 1}); no live "
+                     "console or status file yet; the summary at the end covers every worker"]
+
+
+def test_a_busy_port_of_any_worker_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    from topo.cli import main
+
+    base = _free_ports(2)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", base + 1))
+        s.listen()
+        assert main(["run", str(ROOT / "configs" / "wordcount.yaml"), "--quiet", "--workers", "2",
+                     "--config", "checkpoint.interval_ms=null", "--metrics-port", str(base)]) == 1
+    assert capsys.readouterr().err == (f"--metrics-port: cannot listen on 127.0.0.1:{base + 1} (worker 1's port): "
+                                       f"Address already in use (got {base})\n")
+
+
+def test_the_prometheus_config_documents_one_target_per_worker() -> None:
+    import yaml
+
+    text = (ROOT / "configs" / "prometheus.yml").read_text()
+    block = text[text.index("#  - job_name: topo-workers"):]
+    job = yaml.safe_load("\n".join(line[1:] for line in block.splitlines()))[0]
+    assert job["static_configs"][0]["targets"] == ["127.0.0.1:9464", "127.0.0.1:9465"]   # 9464 + worker index

@@ -249,15 +249,18 @@ def preflight(spec: TopologySpec, config: dict[str, Any], args: argparse.Namespa
             if reason:
                 refuse(spec.where(c.id, f"kwargs.{arg}"), f"cannot write there: {reason}", path)
     port = config.get("metrics.port") or 0
-    if port:
+    workers = int(config.get("workers") or 1)
+    # With workers, worker i serves its own exporter on metrics.port + i.
+    for each in range(port, port + workers) if port else ():
         host = str(config.get("metrics.host") or "127.0.0.1")
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
-                s.bind((host, port))
+                s.bind((host, each))
             except OSError as e:
+                whose = f" (worker {each - port}'s port)" if workers > 1 else ""
                 refuse(setting_source(spec, args, "metrics.port"),
-                       f"cannot listen on {host}:{port}: {e.strerror or e}", port)
+                       f"cannot listen on {host}:{each}{whose}: {e.strerror or e}", port)
     url = str(config.get("coordinator", ""))
     if url.startswith("zookeeper://") and config.get("backpressure.policy") == "stepwise":
         from backpressure.coordinator.access import Tls, auth_from_config
@@ -274,10 +277,18 @@ def preflight(spec: TopologySpec, config: dict[str, Any], args: argparse.Namespa
 def local_services(config: dict[str, Any], args: argparse.Namespace, name: str) -> list[Any]:
     """What runs beside a local topology: the live console, the Prometheus exporter
     (``metrics.port``) and the status file ``topo status`` reads (``status.path``, or
-    the default place for topology ``name``). Not yet with worker processes: each
-    worker's tasks live in its own process (the closing summary still covers all)."""
+    the default place for topology ``name``). With worker processes each worker serves
+    its own exporter (``metrics.port + i``, from the config it is given), so none runs
+    here; the console and the status file are not there yet (one line says so; the
+    closing summary still covers every task of every worker)."""
     services: list[Any] = []
     if config.get("workers", 1) > 1:
+        if not args.quiet:
+            n, port = config["workers"], config.get("metrics.port") or 0
+            where = (f"metrics of worker i on {config.get('metrics.host') or '127.0.0.1'}:{port}+i "
+                     f"({port}-{port + n - 1}); " if port else "")
+            print(f"workers: {n}: {where}no live console or status file yet; the summary at the end covers "
+                  "every worker", file=sys.stderr)
         return services
     if not args.quiet:
         from runtime.observe.console import Console

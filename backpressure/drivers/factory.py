@@ -10,9 +10,22 @@ from typing import Any, Mapping
 from backpressure.seams import FlowControl, NoFlowControl
 
 
+# Not a setting (``resolve`` refuses it): the Unix socket of the embedded coordinator that
+# a worker supervisor serves; it puts this into the config it hands each of its workers.
+SERVED_SOCKET = "_coordinator.socket"
+
+
 def make_coordinator(config: Mapping[str, Any], topology_name: str) -> Any:
-    """``coordinator: embedded`` or ``coordinator: zookeeper://host:port/root``."""
+    """``coordinator: embedded`` or ``coordinator: zookeeper://host:port/root``.
+
+    Embedded in a worker process (the config carries ``SERVED_SOCKET``): a session on the
+    tree the supervisor serves, so signals cross workers; otherwise a tree of this process.
+    """
     where = str(config.get("coordinator", "embedded"))
+    if where == "embedded" and config.get(SERVED_SOCKET):
+        from backpressure.coordinator.served import ServedCoordinator
+
+        return ServedCoordinator(topology_name, str(config[SERVED_SOCKET]))
     if where == "embedded":
         from backpressure.coordinator.embedded import EmbeddedCoordinator
 
@@ -27,6 +40,21 @@ def make_coordinator(config: Mapping[str, Any], topology_name: str) -> Any:
                                     auth=auth_from_config(config), read_open=bool(config.get("zookeeper.read_open")),
                                     tls=Tls.from_config(config))
     raise ValueError(f"coordinator must be 'embedded' or 'zookeeper://host:port/root', got {where!r}")
+
+
+def serve_coordinator(config: Mapping[str, Any], directory: str) -> tuple[Any, dict[str, Any]]:
+    """For a supervisor of worker processes: with stepwise on the embedded coordinator, serve
+    one tree on a Unix socket in ``directory`` (a thread of this process; ``stop()`` ends it)
+    and return it with what to add to each worker's config; otherwise ``(None, {})``."""
+    if (config.get("backpressure.policy", "stepwise") != "stepwise"
+            or str(config.get("coordinator", "embedded")) != "embedded"):
+        return None, {}
+    import os
+
+    from backpressure.coordinator.served import SOCKET_NAME, serve_in_thread
+
+    path = os.path.join(directory, SOCKET_NAME)
+    return serve_in_thread(path), {SERVED_SOCKET: path}
 
 
 def make_flow_control(config: Mapping[str, Any], topology_name: str) -> FlowControl:

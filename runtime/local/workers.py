@@ -22,10 +22,18 @@ domain sockets (``transport``). It then watches them:
   worker starts again from its source's beginning (at-least-once: without
   checkpoints, which do not yet span workers, it re-emits what it had emitted).
 
-Flow control across workers: stepwise signals need a coordinator every worker sees,
-i.e. ZooKeeper (``coordinator: zookeeper://...``); with the embedded coordinator each
-worker throttles within itself, and between workers the byte bound (credit) alone
-holds producers back. ``source_stop`` and ``watermark`` are refused with workers.
+Flow control across workers: stepwise signals need a coordinator every worker sees.
+With ``coordinator: zookeeper://...`` that is ZooKeeper; with the embedded default the
+supervisor serves one embedded tree on a Unix socket in its temporary directory
+(``backpressure.coordinator.served``, started through ``drivers.factory.serve_coordinator``)
+and each worker's config carries the socket's path under the private key
+``factory.SERVED_SOCKET``, so ``make_coordinator`` gives the worker a session on it. A
+worker's session ends with its connection, so a killed worker's task states and claims
+vanish as they would from ZooKeeper. ``source_stop`` and ``watermark`` are refused with
+workers.
+
+Metrics: with ``metrics.port`` set, worker ``i`` serves its own exporter on
+``metrics.port + i`` (``metrics.host``), every series labelled ``worker="<i>"``.
 """
 from __future__ import annotations
 
@@ -39,11 +47,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
 from topo.config import ResolvedConfig, resolve
+from backpressure.drivers.factory import serve_coordinator
 from topo.topology import Topology, TopologyError
 from runtime.local.engine import LocalEngine, RunResult
 from runtime.local.placement import place
 from runtime.local.transport import WorkerNetwork
+from runtime.observe.prometheus import CollectorRegistry, MetricsService
 from runtime.observe.stats import TaskStats
 
 log = logging.getLogger("topo.workers")
@@ -58,7 +71,11 @@ def check_shippable(topology: Topology, config: dict[str, Any]) -> None:
     policy = config.get("backpressure.policy")
     if policy in _IN_PROCESS_POLICIES:
         raise TopologyError(f"backpressure.policy {policy!r} works within one process only; with workers > 1 "
-                            f"use stepwise (through ZooKeeper across workers) or none")
+                            f"use stepwise (its signals cross workers through the coordinator) or none")
+    port, workers = int(config.get("metrics.port") or 0), int(config.get("workers") or 1)
+    if port and port + workers - 1 > 65535:
+        raise TopologyError(f"metrics.port {port}: worker i serves its metrics on metrics.port + i, and "
+                            f"{port} + {workers - 1} is over 65535")
     if config.get("checkpoint.interval_ms") is not None:
         raise TopologyError("checkpoints do not span worker processes yet: set workers: 1 or "
                             "checkpoint.interval_ms: null")
@@ -70,6 +87,43 @@ def check_shippable(topology: Topology, config: dict[str, Any]) -> None:
 
 
 # -- the worker side -----------------------------------------------------------------------
+
+class _WorkerLabel(Collector):
+    """Another collector's families, every sample labelled ``worker``."""
+
+    def __init__(self, inner: Collector, worker: int) -> None:
+        self.inner, self.worker = inner, str(worker)
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Any:
+        for family in self.inner.collect():
+            family.samples = [s._replace(labels={**s.labels, "worker": self.worker}) for s in family.samples]
+            yield family
+
+
+class WorkerMetrics(MetricsService):
+    """Worker ``i``'s exporter: ``metrics.port + i``, its series labelled ``worker="<i>"``."""
+
+    worker = 0
+
+    @classmethod
+    def for_worker(cls, config: Any, worker: int) -> "WorkerMetrics | None":
+        port = int(config.get("metrics.port") or 0)
+        if port == 0:
+            return None
+        service = cls(port=port + worker, host=str(config.get("metrics.host") or "127.0.0.1"))
+        service.worker = worker
+        return service
+
+    async def start(self, engine: Any) -> None:
+        await super().start(engine)
+        assert self.server is not None and self.collector is not None
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_WorkerLabel(self.collector, self.worker))
+        self.server.registry = registry
+
 
 def _worker_main(topology: Topology, config: dict[str, Any], worker: int, workers: int, directory: str,
                  conn: Any) -> None:
@@ -86,7 +140,8 @@ async def _worker(topology: Topology, config: ResolvedConfig, worker: int, worke
     placement = place(topology, workers, worker)
     streams = {c.id: dict(c.outputs) for c in topology.components.values()}
     network = WorkerNetwork(directory, worker, placement.owner, workers, streams)
-    engine = LocalEngine(topology, config, network=network)
+    exporter = WorkerMetrics.for_worker(config, worker)
+    engine = LocalEngine(topology, config, network=network, services=[exporter] if exporter else [])
     loop = asyncio.get_running_loop()
 
     def on_command() -> None:
@@ -139,17 +194,21 @@ class Supervisor:
     procs: list[_Worker] = field(default_factory=list)
     stopping: str = ""
     finish_now: bool = False
+    coordinator: Any = None            # the embedded coordinator this supervisor serves, if any
+    worker_config: dict[str, Any] = field(default_factory=dict)
 
     def start(self) -> None:
         ctx = mp.get_context("spawn")
         self._ctx = ctx
+        self.coordinator, extra = serve_coordinator(self.config, self.directory)
+        self.worker_config = {**self.config, **extra}
         for i in range(self.workers):
             self.procs.append(self._spawn(i))
 
     def _spawn(self, i: int, restarts: int = 0) -> _Worker:
         parent, child = self._ctx.Pipe()
         p = self._ctx.Process(target=_worker_main, name=f"topo-worker-{i}",
-                              args=(self.topology, dict(self.config), i, self.workers, self.directory, child),
+                              args=(self.topology, self.worker_config, i, self.workers, self.directory, child),
                               daemon=True)
         p.start()
         child.close()
@@ -276,6 +335,9 @@ class Supervisor:
             if w.process.is_alive():
                 w.process.kill()
                 w.process.join(5)
+        coordinator, self.coordinator = self.coordinator, None
+        if coordinator is not None:
+            coordinator.stop()
 
 
 def run_workers(topology: Topology, config: dict[str, Any] | None = None, *, workers: int,
