@@ -14,6 +14,12 @@ Both coordinators: embedded (in process) and a real ZooKeeper on loopback
 (``--zk URL`` to use a running one; otherwise Debian's package is started on a
 free port, as the tests do). Goal: p99 <= 20 ms through ZooKeeper.
 
+Through ZooKeeper twice, side by side: without credentials (open ACL) and with
+digest credentials, every znode creator-only (issue 17; goal: within 10% of the
+former). The two alternate in ``--rounds`` rounds, each round a fresh topology, so
+a machine's load drifting during the run falls on both alike; each side's samples
+are pooled over its rounds.
+
 ``python -m bench backpressure_latency`` writes ``bench/results/backpressure_latency.json``.
 """
 from __future__ import annotations
@@ -22,6 +28,7 @@ import argparse
 import asyncio
 import json
 import platform
+import secrets
 import statistics
 import sys
 import time
@@ -41,6 +48,8 @@ SAMPLES = 300
 WARMUP = 10
 HIGH, LOW = 1_000_000, 10_000
 GOAL_P99_MS = 20.0
+ROUNDS = 6
+GOAL_AUTH_OVERHEAD = 0.10
 
 
 class Task:
@@ -131,10 +140,30 @@ def _start_zookeeper() -> Any:
     return server
 
 
+async def _zookeeper_side_by_side(zk_url: str, samples: int, rounds: int) -> dict[str, list[float]]:
+    """Auth off and auth on (digest credentials, creator-only ACLs), alternating per round."""
+    from backpressure.coordinator.access import parse_auth
+    from backpressure.coordinator.zookeeper import ZooKeeperCoordinator
+
+    auth = parse_auth(f"digest:bench:{secrets.token_urlsafe(12)}", "bench")
+    out: dict[str, list[float]] = {"zookeeper": [], "zookeeper_auth": []}
+    per_round = max(1, samples // rounds)
+    for r in range(rounds):
+        order = ("zookeeper", "zookeeper_auth") if r % 2 == 0 else ("zookeeper_auth", "zookeeper")
+        for side in order:
+            topology = f"bench-{uuid.uuid4().hex[:6]}"
+            coordinator = (ZooKeeperCoordinator(zk_url, topology, auth=auth) if side == "zookeeper_auth"
+                           else ZooKeeperCoordinator(zk_url, topology))
+            out[side] += await measure(coordinator, per_round)
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(prog="bench backpressure_latency")
     ap.add_argument("--zk", help="zookeeper://host:port/root of a running ZooKeeper (default: start one)")
     ap.add_argument("--samples", type=int, default=SAMPLES)
+    ap.add_argument("--rounds", type=int, default=ROUNDS,
+                    help="ZooKeeper with and without credentials alternate this many times")
     args = ap.parse_args(argv or [])
     server = None
     zk_url = args.zk
@@ -142,6 +171,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "benchmark": "backpressure_latency",
         "what": "high-mark crossing (poll) -> upstream set_rate, stepwise policy, sensitivity 50 ms",
         "goal_p99_ms_zookeeper": GOAL_P99_MS,
+        "goal_auth_overhead": GOAL_AUTH_OVERHEAD,
         "python": platform.python_version(), "machine": platform.machine(),
     }
     try:
@@ -150,13 +180,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if zk_url is None:
                 server = _start_zookeeper()
                 zk_url = server.url("/topo-bench")
-            from backpressure.coordinator.zookeeper import ZooKeeperCoordinator
-
-            topology = f"bench-{uuid.uuid4().hex[:6]}"
-            result["zookeeper"] = summary(uvloop.run(measure(ZooKeeperCoordinator(zk_url, topology),
-                                                             args.samples)))
-            result["zookeeper"]["url"] = zk_url
+            sides = uvloop.run(_zookeeper_side_by_side(zk_url, args.samples, args.rounds))
+            for side, ms in sides.items():
+                result[side] = {**summary(ms), "url": zk_url, "rounds": args.rounds}
+            result["zookeeper_auth"]["what"] = "digest credentials, every znode creator-only"
             result["goal_met"] = result["zookeeper"]["p99_ms"] <= GOAL_P99_MS
+            off, on = result["zookeeper"], result["zookeeper_auth"]
+            ratios = {f"{k}_ratio": round(on[f"{k}_ms"] / off[f"{k}_ms"], 3) for k in ("p50", "p90", "p99", "mean")}
+            result["auth_overhead"] = {**ratios, "within_goal": ratios["p50_ratio"] <= 1 + GOAL_AUTH_OVERHEAD
+                                       and ratios["mean_ratio"] <= 1 + GOAL_AUTH_OVERHEAD}
         except Exception as e:  # no Java / no ZooKeeper: report the embedded figures anyway
             result["zookeeper"] = {"error": f"{type(e).__name__}: {e}"}
             result["goal_met"] = None
@@ -165,13 +197,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             server.cleanup()
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "backpressure_latency.json").write_text(json.dumps(result, indent=2) + "\n")
-    for name in ("embedded", "zookeeper"):
+    for name in ("embedded", "zookeeper", "zookeeper_auth"):
         r = result.get(name, {})
         if "p50_ms" in r:
-            print(f"{name:>9}: p50 {r['p50_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms  max {r['max_ms']:.2f} ms "
-                  f"({r['samples']} samples)")
-        else:
-            print(f"{name:>9}: {r.get('error')}")
+            print(f"{name:>14}: p50 {r['p50_ms']:.2f} ms  p90 {r['p90_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms  "
+                  f"max {r['max_ms']:.2f} ms  mean {r['mean_ms']:.2f} ms ({r['samples']} samples)")
+        elif r:
+            print(f"{name:>14}: {r.get('error')}")
+    if "auth_overhead" in result:
+        o = result["auth_overhead"]
+        print(f"auth on / off: p50 {o['p50_ratio']:.3f}  p90 {o['p90_ratio']:.3f}  p99 {o['p99_ratio']:.3f}  "
+              f"mean {o['mean_ratio']:.3f} (goal: p50 and mean within {GOAL_AUTH_OVERHEAD:.0%})")
     return result
 
 
