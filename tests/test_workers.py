@@ -68,13 +68,18 @@ def _numbers_into_sqlite(total: int, db: Path, delay_s: float = 0.0, **config: o
     return b.build()
 
 
-def test_a_worker_killed_mid_run_is_restarted_and_nothing_is_lost(tmp_path: Path) -> None:
+@pytest.mark.parametrize("policy", ["none", "stepwise"])
+def test_a_worker_killed_mid_run_is_restarted_and_nothing_is_lost(tmp_path: Path, policy: str) -> None:
+    """With stepwise on the served embedded coordinator, the killed worker's session (its
+    task claims and states) ends with its connection, so its replacement claims its tasks."""
     db = tmp_path / "seen.db"
-    topology = _numbers_into_sqlite(20_000, db, delay_s=0.0002, message_timeout_s=2.0)
+    topology = _numbers_into_sqlite(20_000, db, delay_s=0.0002, message_timeout_s=2.0,
+                                    **{"backpressure.policy": policy})
     cfg = resolve(topology.config, {})
     with tempfile.TemporaryDirectory() as d:
         sup = Supervisor(topology, cfg, 2, d)
         sup.start()
+        assert (sup.coordinator is not None) == (policy == "stepwise")     # served to the workers
         box: dict[str, object] = {}
         t = threading.Thread(target=lambda: box.setdefault("result", sup.supervise(None)))
         t.start()
