@@ -79,6 +79,7 @@ class Checkpointer:
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.stats = CheckpointStats()
+        self._writing: asyncio.Future[None] | None = None
 
     # -- start: restore ----------------------------------------------------------------------
 
@@ -138,7 +139,17 @@ class Checkpointer:
         self.stats.durations_s.append(time.monotonic() - started)
         cid = self.store.next_id(self.stats.last_id)
         t0 = time.monotonic()
-        await asyncio.to_thread(self.store.save, cid, self.fingerprint, states)
+        # One write at a time on the store's connection: a periodic checkpoint cancelled
+        # mid-write (the run is ending) leaves its thread running; the final one waits for it.
+        if self._writing is not None:
+            await asyncio.gather(asyncio.shield(self._writing), return_exceptions=True)
+        self._writing = write = asyncio.ensure_future(
+            asyncio.to_thread(self.store.save, cid, self.fingerprint, states))
+        try:
+            await asyncio.shield(write)
+        finally:
+            if write.done():
+                self._writing = None
         self.stats.write_s.append(time.monotonic() - t0)
         self.stats.last_id = cid
         self.stats.completed += 1
@@ -153,6 +164,13 @@ class Checkpointer:
                 out.setdefault(t.component, {})[t.context.task_index] = msgpack.packb(
                     t.instance.snapshot_state(), use_bin_type=True)
         return out
+
+    async def close(self) -> None:
+        """Wait for a write under way, then close the store's connection."""
+        if self._writing is not None:
+            await asyncio.gather(self._writing, return_exceptions=True)
+            self._writing = None
+        self.store.close()
 
     def _complete(self, checkpoint_id: int) -> None:
         for t in self._tasks():

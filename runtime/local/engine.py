@@ -320,6 +320,8 @@ class LocalEngine:
             await self.flow.stop()
             if self.network is not None:
                 await self.network.close()
+            if self.checkpointer is not None:
+                await self.checkpointer.close()
             self._close_components(self.tasks)
             self.dead_letters.close()
             now = time.monotonic()
