@@ -41,9 +41,9 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {**made, "server_cert": where / "server.crt", "server_key": where / "server.key"}
 
 
-def engine() -> SimpleNamespace:
+def engine(**config: str) -> SimpleNamespace:
     s = TaskStats(topology="wc", component="count", task_id=1, is_spout=False)
-    return SimpleNamespace(stats=[s], topology=SimpleNamespace(name="wc"), config={})
+    return SimpleNamespace(stats=[s], topology=SimpleNamespace(name="wc"), config=config)
 
 
 def scrape(url: str, context: ssl.SSLContext | None = None) -> tuple[int, str]:
@@ -141,6 +141,19 @@ async def test_client_ca_lets_only_scrapers_with_its_certificates_in(certs: dict
             await asyncio.to_thread(scrape, svc.url, client_context(certs))
         status, body = await asyncio.to_thread(scrape, svc.url, client_context(certs, with_cert=True))
         assert status == 200 and "topo_tuples_emitted_total" in body
+    finally:
+        await svc.stop()
+
+
+async def test_a_service_made_without_the_config_takes_tls_from_the_engines(certs: dict[str, Path]) -> None:
+    """A worker process's exporter is made from port and host only; its engine's config
+    still decides HTTPS, so no worker serves plain HTTP when metrics.tls is set."""
+    svc = MetricsService(port=0)
+    await svc.start(engine(**{"metrics.tls.cert": str(certs["server_cert"]), "metrics.tls.key": str(certs["server_key"])}))
+    try:
+        assert svc.url is not None and svc.url.startswith("https://")
+        status, _ = await asyncio.to_thread(scrape, svc.url, client_context(certs))
+        assert status == 200
     finally:
         await svc.stop()
 

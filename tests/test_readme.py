@@ -23,6 +23,7 @@ import yaml
 
 from topo.examples.wordcount import expected_counts
 from topo.sinks import read_table
+from zk_server import zookeeper  # noqa: F401  (the fixture, for docs/security.md's example)
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -191,13 +192,14 @@ ELSEWHERE = {
 WORDCOUNT = ("topo validate configs/wordcount.yaml", "topo run configs/wordcount.yaml",
              "python -m topo.examples.wordcount wordcount.db")
 METRICS = "topo run configs/slow_stage.yaml --duration 20 --quiet --metrics-port 9464 &"
+SECURITY = "umask 077"      # the first line of docs/security.md's worked example, run below
 
 
 def test_every_shell_command_is_checked():
     known = {"make run", "make test", *WORDCOUNT, *ELSEWHERE}
     for block in blocks("sh") + [b for page in DOCS for b in blocks("sh", page.read_text(encoding="utf-8"))]:
         cmds = commands(block)
-        if cmds[0] == METRICS:
+        if cmds[0] in (METRICS, SECURITY):
             continue
         unchecked = [c for c in cmds if c not in known]
         assert not unchecked, f"README shell commands without a check in {__file__}: {unchecked}"
@@ -222,3 +224,36 @@ def test_metrics_example_scrapes_a_running_topology(tmp_path):
     metrics_page = (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8")
     assert block in blocks("sh", metrics_page)          # docs/metrics.md shows the same block
     check_metrics_block(block, tmp_path)
+
+
+@pytest.mark.zookeeper
+@pytest.mark.skipif(shutil.which("curl") is None or shutil.which("openssl") is None,
+                    reason="the worked example uses curl and openssl")
+def test_security_example_protects_the_tree_and_serves_metrics_over_https(tmp_path, zookeeper):
+    """docs/security.md's worked example against the tests' ZooKeeper (its URL and a free
+    port swapped in): HTTPS scrape, no plain HTTP, status with and without credentials,
+    and a stranger gets NoAuth on the tree the run made."""
+    from kazoo.exceptions import NoAuthError
+
+    page = (ROOT / "docs" / "security.md").read_text(encoding="utf-8")
+    (block,) = [b for b in blocks("sh", page) if commands(b)[0] == SECURITY]
+    zookeeper.start()
+    url = zookeeper.url(f"/topo-doc-{os.getpid()}")
+    script = block.replace("zookeeper://127.0.0.1:2181/topo", url).replace("9464", str(_free_port()))
+    proc = _sh(script, _workdir(tmp_path), timeout=90)
+    assert proc.returncode == 0, proc.stderr
+    base = url.split(zookeeper.hosts, 1)[1]
+    assert proc.stdout.splitlines() == [
+        "4", "plain HTTP: no answer", f"topology 'slow_stage' (ZooKeeper {zookeeper.hosts}{base}, 4 tasks)"], proc.stdout
+    assert proc.stderr.splitlines() == [
+        f"topo status: {base}/slow_stage/taskstate on {zookeeper.hosts} is readable only with its credentials: "
+        "none given; set TOPO_ZK_AUTH=SCHEME:CREDENTIALS or --auth-file PATH"], proc.stderr
+    secret = (tmp_path / "zk.auth").read_text().strip()
+    assert secret.startswith("digest:alice:") and secret.split(":", 2)[2] not in proc.stdout + proc.stderr
+    stranger = zookeeper.client()
+    try:
+        with pytest.raises(NoAuthError):
+            stranger.create(f"{base}/slow_stage/taskmessage/x", b"")
+    finally:
+        stranger.stop()
+        stranger.close()

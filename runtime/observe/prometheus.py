@@ -544,6 +544,8 @@ class MetricsService:
         return cls(port=port, host=str(config.get("metrics.host") or "127.0.0.1"), tls=MetricsTls.from_config(config))
 
     async def start(self, engine: Any) -> None:
+        if self.tls is None:    # a service made without the config (a worker's) still serves HTTPS when asked
+            self.tls = MetricsTls.from_config(getattr(engine, "config", None) or {})
         stats: Sequence[TaskStats] = engine.stats
         time_split = TimeSplit(self.min_window_s)
         time_split.prime(stats)
