@@ -77,18 +77,18 @@ def _round_robin_router(targets: list[int], rng: random.Random) -> Router:
     n = len(targets)
     if n == 1:
         return Router(targets, lambda values: 0)
-    state: list[Any] = [rng.randrange(n), list(range(n))]
+    state: list[Any] = [rng.randrange(n), list(range(n)), n]    # position, schedule, its length
 
     def select(values: Sequence[Any]) -> int:
         i = state[0] + 1
-        schedule = state[1]
-        if i >= len(schedule):
+        if i >= state[2]:
             i = 0
         state[0] = i
-        return schedule[i]
+        return state[1][i]
 
     def weigh(shares: Sequence[float]) -> None:
-        state[1] = weighted_schedule(shares)
+        schedule = weighted_schedule(shares)
+        state[1], state[2], state[0] = schedule, len(schedule), 0
 
     return Router(targets, select, weigh=weigh)
 

@@ -94,7 +94,9 @@ class SpoutCollector:
         unknown = outbox.unknown_stream
         open_root = acker.open
         perf = time.perf_counter
-        tag = acker.root_tag      # the low byte of a root id names the worker that owns it
+        # With workers, the low byte of a root id names the worker whose acker owns it.
+        tagged = acker.forward_ack is not None
+        tag = acker.root_tag
 
         def emit(values: Sequence[Any], stream: str = DEFAULT_STREAM, msg_id: Any = None,
                  _retries: int = 0) -> None:
@@ -109,7 +111,9 @@ class SpoutCollector:
             if e is None:
                 raise unknown(stream)
             born = perf()  # also the acker's clock: one reading serves both
-            root = (getrandbits(56) << 8 | tag) or 256
+            root = getrandbits(64) or 1
+            if tagged:
+                root = (root >> 8 << 8 | tag) or 256
             edges = e(values, (root,), None, born, getrandbits)
             pending[root] = (msg_id, values, stream, _retries, born)
             open_root(root, edges, on_outcome, born)

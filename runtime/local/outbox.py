@@ -68,8 +68,7 @@ class Outbox:
         self.lanes: dict[int, Lane] = {}
         self.pending_count = 0
         self.last_flush_at = time.monotonic()
-        self._flushing: asyncio.Future[None] | None = None
-        self._background: asyncio.Future[int] | None = None   # keeps a flush_soon task referenced
+        self._background: asyncio.Future[int] | None = None   # a flush_soon under way
         self._pack = msgpack.Packer(autoreset=True).pack
         self.untracked: dict[str, UntrackedEmit] = {}
         self.tracked: dict[str, TrackedEmit] = {}
@@ -210,27 +209,30 @@ class Outbox:
     async def flush(self) -> int:
         """Send every pending batch; returns nanoseconds spent waiting for queue room.
 
-        Flushes of one outbox never overlap (a background flush, ``flush_soon``, may be
-        under way when the task flushes): the second waits for the first, so batches
-        to one target keep their order.
+        A background flush (``flush_soon``) may be under way when the task flushes: the
+        task waits for it first, so batches to one target keep their order. (The task's
+        own flushes never overlap each other, and a background flush is started only
+        while the task is inside a user call, never while it flushes.)
         """
-        while self._flushing is not None:
-            await asyncio.shield(self._flushing)
+        if self._background is not None:
+            await asyncio.shield(self._background)
         self.last_flush_at = time.monotonic()
         if not self.pending_count:
             return 0
-        self._flushing = asyncio.get_running_loop().create_future()
-        try:
-            return await self._flush()
-        finally:
-            done, self._flushing = self._flushing, None
-            done.set_result(None)
+        return await self._flush()
 
     def flush_soon(self) -> None:
         """A flush from outside the task's own loop: its task is busy inside a user call
         (an async ``next_tuple`` that waits) while a partial batch is due."""
-        if self.pending_count and self._flushing is None:
-            self._background = asyncio.ensure_future(self.flush())
+        if self.pending_count and self._background is None:
+            self._background = asyncio.ensure_future(self._flush_in_background())
+
+    async def _flush_in_background(self) -> int:
+        try:
+            self.last_flush_at = time.monotonic()
+            return await self._flush()
+        finally:
+            self._background = None
 
     async def _flush(self) -> int:
         self.pending_count = 0

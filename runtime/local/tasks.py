@@ -325,6 +325,7 @@ class SpoutTask(_TaskBase):
             limit = self._chunk()
             if max_tuples is not None:
                 limit = max(1, min(limit, max_tuples - run.spout_emitted))
+            batch_size = outbox.batch_size
             dry = False
             try:
                 while True:
@@ -342,8 +343,11 @@ class SpoutTask(_TaskBase):
                     if collector.emitted == mark:
                         dry = True  # nothing to give right now
                         break
-                    if collector.emitted - before >= limit or outbox.due():
-                        break   # a full chunk or batch, or a partial batch past the flush interval
+                    n = collector.emitted - before
+                    if n >= limit or outbox.pending_count >= batch_size:
+                        break
+                    if not n & 7 and outbox.due():
+                        break   # a partial batch past the flush interval (checked every 8th tuple)
             except EndOfStream:
                 self.exhausted = True
             except EmitError:
@@ -472,12 +476,15 @@ class BoltTask(_TaskBase):
         for tup in batch:
             collector.current = tup
             try:
-                if blocking:
+                if blocking or is_async:   # cancellable: the watchdog sees when it began
                     self.executing_since = perf()
-                    await self._thread.run(execute, tup)  # type: ignore[union-attr]
-                elif is_async:
-                    self.executing_since = perf()
-                    await execute(tup)
+                    try:
+                        if blocking:
+                            await self._thread.run(execute, tup)  # type: ignore[union-attr]
+                        else:
+                            await execute(tup)
+                    finally:
+                        self.executing_since = 0.0
                 else:
                     execute(tup)
             except asyncio.CancelledError:
@@ -493,8 +500,6 @@ class BoltTask(_TaskBase):
                     anchors = tup.anchors
                     if anchors and ack is not None:
                         ack(anchors, tup.ackcell[0])
-            finally:
-                self.executing_since = 0.0
             if first:
                 # Execute latency is sampled: the first tuple of every transfer batch.
                 self.stats.execute_latency.observe(perf() - t_first)
