@@ -175,3 +175,23 @@ def test_topo_run_with_a_missing_certificate_is_one_line(tmp_path: Path) -> None
                         "--config", f"metrics.tls.key={tmp_path / 'x.key'}"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert (r.returncode, r.stdout) != (0, "") and r.stderr == f"topo run: metrics.tls.cert: cannot read {tmp_path / 'x.crt'}\n"
+
+
+def test_the_spark_engines_exporter_takes_the_tls_settings_too(certs: dict[str, Path]) -> None:
+    import contextlib
+
+    pytest.importorskip("pyspark")
+    from runtime.observe.spark_stats import SparkStats
+    from runtime.spark.engine import _serve_metrics
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = {"metrics.port": port, "metrics.host": "127.0.0.1", "metrics.tls.cert": str(certs["server_cert"]),
+           "metrics.tls.key": str(certs["server_key"]), "metrics.tls.client_ca": None}
+    with contextlib.ExitStack() as stack:
+        _serve_metrics(stack, cfg, {"words": SparkStats("wc", "words", 0)})
+        status, body = scrape(f"https://127.0.0.1:{port}/metrics", client_context(certs))
+        assert status == 200 and "topo_spark" in body
+        with pytest.raises((urllib.error.URLError, http.client.HTTPException, ConnectionError)):
+            scrape(f"http://127.0.0.1:{port}/metrics")       # plain HTTP gets no answer

@@ -218,10 +218,10 @@ def _serve_metrics(stack: contextlib.ExitStack, cfg: Mapping[str, Any], stats: M
     """With ``metrics.port`` set, serve the per-source ``topo_spark_*`` metrics until the end."""
     if not cfg["metrics.port"]:
         return
-    from runtime.observe.prometheus import MetricsServer, make_registry
+    from runtime.observe.prometheus import MetricsServer, MetricsTls, make_registry
 
     registry, _ = make_registry(lambda: [], lambda: list(stats.values()))
-    exporter = MetricsServer(registry, cfg["metrics.port"], cfg["metrics.host"])
+    exporter = MetricsServer(registry, cfg["metrics.port"], cfg["metrics.host"], MetricsTls.from_config(cfg))
     exporter.start()
     stack.callback(exporter.stop)
 
