@@ -260,3 +260,20 @@ def test_status_with_no_argument_shows_the_last_local_run(tmp_path: Path) -> Non
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.startswith("topology 'wordcount' (stopped, embedded coordinator, status file ")
     assert "sentences" in shown.stdout and "sink" in shown.stdout
+
+
+def test_a_reader_that_goes_away_is_not_an_error(tmp_path: Path) -> None:
+    """``topo status ... | head -1``: the rest of the table meets a closed pipe; topo stops quietly."""
+    import json as _json
+
+    from runtime.observe.stats import TaskStats
+
+    tasks = [TaskStats("big", f"c{i % 50}", i, False, hard_bound=1000).snapshot() for i in range(1, 3001)]
+    status = tmp_path / "big.json"
+    status.write_text(_json.dumps({"topology": "big", "running": False, "written": 0, "tasks": tasks}))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run(["bash", "-c", f"set -o pipefail; {sys.executable} -m topo.cli status --file {status} "
+                                         f"| head -1"], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.stdout.startswith("topology 'big'")
+    assert "Broken pipe" not in proc.stderr and proc.stderr == ""
+    assert proc.returncode == 0

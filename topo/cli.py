@@ -392,6 +392,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
+    except BrokenPipeError:
+        # The reader went away (``topo status | head -1``): stop quietly, as Unix tools do;
+        # point stdout at /dev/null so the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as e:
         if debug:
             raise
