@@ -351,9 +351,7 @@ class LocalEngine:
         net = self.network
         spouts_done = all(s.finished or (s.exhausted and not s.pending) for s in self.spout_tasks)
         return {"spouts_done": spouts_done, "quiescent": self._quiescent(),
-                "sent": net.counters.sent if net else 0, "received": net.counters.received if net else 0,
-                "stopping": self.stopping, "in_flight": len(self.acker) if self.acker is not None else 0,
-                "pending": sum(len(s.pending) for s in self.spout_tasks)}
+                "sent": net.counters.sent if net else 0, "received": net.counters.received if net else 0}
 
     def _open_components(self) -> None:
         """``open`` every spout and ``prepare`` every bolt; if one raises, close what was
