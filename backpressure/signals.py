@@ -100,6 +100,7 @@ class TaskState:
     stepped_by: int = -1                                    # the downstream that asked for it (-1: none)
     version: tuple[int, int] = (0, 0)                       # (run id of the publisher, publish counter)
     ts: float = 0.0                                         # wall clock of the publish
+    service_rate: float = 0.0                               # watermark: tuples/s executed while busy
 
     def encode(self) -> bytes:
         return msgpack.packb({
@@ -110,7 +111,7 @@ class TaskState:
             "observed_rate": self.observed_rate, "holds": self.holds, "seq": self.seq,
             "applied": {t: list(a) for t, a in self.applied.items()}, "granted": self.granted,
             "step_age": self.step_age, "stepped_by": self.stepped_by,
-            "version": list(self.version), "ts": self.ts,
+            "version": list(self.version), "ts": self.ts, "service_rate": self.service_rate,
         })
 
     @classmethod
@@ -129,6 +130,7 @@ class TaskState:
             holds=_int_map(m, "holds"), seq=_field(m, "seq", int), applied=_pair_map(m, "applied"),
             granted=_int_map(m, "granted"), step_age=_opt_float(m, "step_age"),
             stepped_by=_field(m, "stepped_by", int), version=(version[0], version[1]), ts=float(_field(m, "ts", (int, float))),
+            service_rate=float(_field(m, "service_rate", (int, float))) if "service_rate" in m else 0.0,
         )
 
     def row(self) -> dict[str, Any]:
