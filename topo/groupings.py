@@ -7,6 +7,14 @@ the per-tuple hot path, so they are small closures over precomputed lists.
 ``fields`` hashes the grouping fields' msgpack encoding with CRC32 rather than
 Python's ``hash``: the routing is then the same in every process and every run
 (string hashing is salted per process), which the Spark engine and replays rely on.
+
+A router built ``scalable`` can change its targets while it runs (autoscaling,
+document 004): ``retarget`` mutates the router in place, since the outbox's emit
+closures hold its ``select`` and ``targets``. A scalable fields router routes by
+*key group* (``KEY_GROUPS`` fixed groups, each owned by one task, as Flink's
+max-parallelism key groups): a rescale moves whole groups, and only as many as
+evening out the counts needs (``spread_key_groups``), so the engine moves the keyed
+state of those groups and of no others.
 """
 from __future__ import annotations
 
@@ -40,6 +48,10 @@ class Router:
     # Shuffle-like routers can be weighted while they run (document 004's load
     # balancing): ``weigh(shares)`` with one share per target; None for the others.
     weigh: Callable[[Sequence[float]], None] | None = None
+    # Scalable routers only: ``retarget(targets, key_owners)`` switches to these targets
+    # in place; a fields router also takes the new owner task of every key group.
+    retarget: Callable[[Sequence[int], Sequence[int] | None], None] | None = None
+    key_owners: list[int] | None = None    # a scalable fields router: owner task per key group
 
 
 class Grouping:
@@ -52,7 +64,9 @@ class Grouping:
         return None
 
     def router(self, targets: list[int], fields: FieldIndex, *, rng: random.Random,
-               local_tasks: frozenset[int] = frozenset(), load: LoadView | None = None) -> Router:
+               local_tasks: frozenset[int] = frozenset(), load: LoadView | None = None,
+               scalable: bool = False) -> Router:
+        """``scalable``: the router must be able to ``retarget`` while it runs."""
         raise NotImplementedError
 
     def describe(self) -> dict[str, Any]:
@@ -64,19 +78,20 @@ class ShuffleGrouping(Grouping):
 
     kind = "shuffle"
 
-    def router(self, targets, fields, *, rng, local_tasks=frozenset(), load=None) -> Router:
-        return _round_robin_router(targets, rng)
+    def router(self, targets, fields, *, rng, local_tasks=frozenset(), load=None, scalable=False) -> Router:
+        return _round_robin_router(targets, rng, scalable)
 
 
 SCHEDULE_SLOTS = 100   # a weighted shuffle's cycle: shares are honoured to 1%
 
 
-def _round_robin_router(targets: list[int], rng: random.Random) -> Router:
+def _round_robin_router(targets: list[int], rng: random.Random, scalable: bool = False) -> Router:
     """Round robin from a random start over a schedule of target indices: one slot per
     target (even spread) until ``weigh`` spreads the slots by shares."""
     n = len(targets)
-    if n == 1:
+    if n == 1 and not scalable:
         return Router(targets, lambda values: 0)
+    targets = list(targets)
     state: list[Any] = [rng.randrange(n), list(range(n)), n]    # position, schedule, its length
 
     def select(values: Sequence[Any]) -> int:
@@ -90,7 +105,11 @@ def _round_robin_router(targets: list[int], rng: random.Random) -> Router:
         schedule = weighted_schedule(shares)
         state[1], state[2], state[0] = schedule, len(schedule), 0
 
-    return Router(targets, select, weigh=weigh)
+    def retarget(new: Sequence[int], key_owners: Sequence[int] | None = None) -> None:
+        targets[:] = new
+        state[1], state[2], state[0] = list(range(len(new))), len(new), 0
+
+    return Router(targets, select, weigh=weigh, retarget=retarget if scalable else None)
 
 
 def weighted_schedule(shares: Sequence[float], slots: int = SCHEDULE_SLOTS) -> list[int]:
@@ -130,11 +149,13 @@ class FieldsGrouping(Grouping):
                     f"declares {list(upstream_fields)}")
         return None
 
-    def router(self, targets, fields, *, rng, local_tasks=frozenset(), load=None) -> Router:
+    def router(self, targets, fields, *, rng, local_tasks=frozenset(), load=None, scalable=False) -> Router:
         n = len(targets)
         positions = [fields.index[f] for f in self.fields]
         packb = msgpack.packb
         crc = zlib.crc32
+        if scalable:
+            return _key_group_router(list(targets), positions)
         if n == 1:
             return Router(targets, lambda values: 0)
         if len(positions) == 1:
@@ -144,6 +165,71 @@ class FieldsGrouping(Grouping):
 
     def describe(self) -> dict[str, Any]:
         return {"type": self.kind, "fields": list(self.fields)}
+
+
+KEY_GROUPS = 1024   # a scalable fields router's fixed key groups (parallelism never passes 1024)
+
+
+def key_group(key: Any) -> int:
+    """The key group of a key as ``KeyedBolt.key_of`` returns it (one value, or a tuple of
+    them: msgpack encodes a tuple as the list the router hashes)."""
+    return zlib.crc32(msgpack.packb(key)) % KEY_GROUPS
+
+
+def spread_key_groups(owners: Sequence[int], targets: Sequence[int]) -> list[int]:
+    """New owners (task ids) of the key groups for ``targets``, moving as few groups as
+    evening the counts needs: groups of a task no longer in ``targets``, and a task's
+    groups beyond its fair share (``len // n``, one more for the tasks that hold most),
+    go to the tasks under theirs. Deterministic, so every router into one component
+    that starts from the same owners ends with the same ones."""
+    n = len(targets)
+    if n == 0:
+        raise ValueError("key groups need at least one task")
+    held: dict[int, list[int]] = {t: [] for t in targets}
+    pool: list[int] = []
+    for g, t in enumerate(owners):
+        (held[t] if t in held else pool).append(g)
+    base, extra = divmod(len(owners), n)
+    by_size = sorted(targets, key=lambda t: (-len(held[t]), t))
+    quota = {t: base + (1 if i < extra else 0) for i, t in enumerate(by_size)}
+    for t in targets:
+        while len(held[t]) > quota[t]:
+            pool.append(held[t].pop())
+    pool.sort()
+    out = list(owners)
+    for t in targets:
+        while len(held[t]) < quota[t]:
+            g = pool.pop(0)
+            held[t].append(g)
+            out[g] = t
+    return out
+
+
+def _key_group_router(targets: list[int], positions: list[int]) -> Router:
+    """Fields grouping over key groups: a key's group is fixed, the group's owner can move."""
+    groups = KEY_GROUPS
+    owners = [targets[g % len(targets)] for g in range(groups)]
+    index = [g % len(targets) for g in range(groups)]
+    packb = msgpack.packb
+    crc = zlib.crc32
+    if len(positions) == 1:
+        p = positions[0]
+
+        def select(values: Sequence[Any]) -> int:
+            return index[crc(packb(values[p])) % groups]
+    else:
+        def select(values: Sequence[Any]) -> int:
+            return index[crc(packb([values[p] for p in positions])) % groups]
+
+    def retarget(new: Sequence[int], key_owners: Sequence[int] | None = None) -> None:
+        if key_owners is None or len(key_owners) != groups or not set(key_owners) <= set(new):
+            raise ValueError("a fields router needs an owner among the targets for every key group")
+        targets[:] = new
+        at = {t: i for i, t in enumerate(new)}
+        owners[:] = key_owners
+        index[:] = [at[t] for t in key_owners]
+
+    return Router(targets, select, retarget=retarget, key_owners=owners)
 
 
 def fields_task_index(key_values: Sequence[Any], n: int) -> int:
@@ -157,8 +243,15 @@ class AllGrouping(Grouping):
 
     kind = "all"
 
-    def router(self, targets, fields, *, rng, local_tasks=frozenset(), load=None) -> Router:
-        return Router(targets, lambda values: 0, broadcast=True)
+    def router(self, targets, fields, *, rng, local_tasks=frozenset(), load=None, scalable=False) -> Router:
+        if not scalable:
+            return Router(targets, lambda values: 0, broadcast=True)
+        targets = list(targets)
+
+        def retarget(new: Sequence[int], key_owners: Sequence[int] | None = None) -> None:
+            targets[:] = new
+
+        return Router(targets, lambda values: 0, broadcast=True, retarget=retarget)
 
 
 class GlobalGrouping(Grouping):
@@ -166,8 +259,13 @@ class GlobalGrouping(Grouping):
 
     kind = "global"
 
-    def router(self, targets, fields, *, rng, local_tasks=frozenset(), load=None) -> Router:
-        return Router([min(targets)], lambda values: 0)
+    def router(self, targets, fields, *, rng, local_tasks=frozenset(), load=None, scalable=False) -> Router:
+        chosen = [min(targets)]
+
+        def retarget(new: Sequence[int], key_owners: Sequence[int] | None = None) -> None:
+            chosen[:] = [min(new)]
+
+        return Router(chosen, lambda values: 0, retarget=retarget if scalable else None)
 
 
 class LocalOrShuffleGrouping(Grouping):
@@ -179,10 +277,10 @@ class LocalOrShuffleGrouping(Grouping):
 
     kind = "local_or_shuffle"
 
-    def router(self, targets, fields, *, rng, local_tasks=frozenset(), load=None) -> Router:
+    def router(self, targets, fields, *, rng, local_tasks=frozenset(), load=None, scalable=False) -> Router:
         local = [t for t in targets if t in local_tasks] if local_tasks else []
         chosen = local or targets
-        return _round_robin_router(chosen, rng)
+        return _round_robin_router(chosen, rng, scalable)
 
 
 class LoadAwareGrouping(Grouping):
@@ -196,21 +294,30 @@ class LoadAwareGrouping(Grouping):
 
     kind = "load_aware"
 
-    def router(self, targets, fields, *, rng, local_tasks=frozenset(), load=None) -> Router:
+    def router(self, targets, fields, *, rng, local_tasks=frozenset(), load=None, scalable=False) -> Router:
         n = len(targets)
-        if load is None or n == 1:
-            return _round_robin_router(targets, rng)
+        if load is None or (n == 1 and not scalable):
+            return _round_robin_router(targets, rng, scalable)
         level = load.water_level
         rand = rng.randrange
+        targets = list(targets)
+        size = [n]
 
         def select(values: Sequence[Any]) -> int:
+            n = size[0]
+            if n == 1:
+                return 0
             a = rand(n)
             b = rand(n - 1)
             if b >= a:
                 b += 1
             return a if level(targets[a]) <= level(targets[b]) else b
 
-        return Router(targets, select)
+        def retarget(new: Sequence[int], key_owners: Sequence[int] | None = None) -> None:
+            targets[:] = new
+            size[0] = len(new)
+
+        return Router(targets, select, retarget=retarget if scalable else None)
 
 
 GROUPINGS: dict[str, type[Grouping]] = {

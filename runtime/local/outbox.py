@@ -66,6 +66,7 @@ class Outbox:
         self.batch_size = batch_size
         self.flush_interval_s = flush_interval_s
         self.lanes: dict[int, Lane] = {}
+        self._router_lanes: dict[int, list[Lane]] = {}   # one list per router, shared by its emits
         self.pending_count = 0
         self.last_flush_at = time.monotonic()
         self._background: asyncio.Future[int] | None = None   # a flush_soon under way
@@ -81,6 +82,21 @@ class Outbox:
         if lane is None:
             lane = self.lanes[target] = Lane(target)
         return lane
+
+    def _lanes_of(self, router: Router) -> list[Lane]:
+        """The lanes of a router's targets: one list, which ``retarget`` changes in place."""
+        lanes = self._router_lanes.get(id(router))
+        if lanes is None:
+            lanes = self._router_lanes[id(router)] = [self._lane(t) for t in router.targets]
+        return lanes
+
+    def retarget(self, router: Router) -> None:
+        """After ``router.retarget`` (autoscaling): its lanes follow its targets; a lane no
+        router uses any more goes once it is empty (the engine drained it first)."""
+        self._lanes_of(router)[:] = [self._lane(t) for t in router.targets]
+        used = {lane.target for lanes in self._router_lanes.values() for lane in lanes}
+        for t in [t for t, lane in self.lanes.items() if t not in used and not lane.batch]:
+            del self.lanes[t]
 
     def size_of(self, values: Sequence[Any], stream: str) -> int:
         """Wire size of one tuple's ``values``; a clear error naming component and field if unencodable."""
@@ -106,10 +122,10 @@ class Outbox:
             return None
         router = routes.routers[0]
         origin = Origin(routes.fields, stream, self.component, self.task_id)
-        return origin, len(routes.fields.names), [self._lane(t) for t in router.targets], router.select
+        return origin, len(routes.fields.names), self._lanes_of(router), router.select
 
     def _plan(self, routes: StreamRoutes) -> list[tuple[bool, list[Lane], Callable[[Sequence[Any]], int]]]:
-        return [(r.broadcast, [self._lane(t) for t in r.targets], r.select) for r in routes.routers]
+        return [(r.broadcast, self._lanes_of(r), r.select) for r in routes.routers]
 
     def _make_untracked(self, stream: str, routes: StreamRoutes) -> UntrackedEmit:
         origin = Origin(routes.fields, stream, self.component, self.task_id)
@@ -151,7 +167,7 @@ class Outbox:
         if len(plan) == 1 and not plan[0][0]:
             _, lanes, select = plan[0]
 
-            only = lanes[0] if len(lanes) == 1 else None
+            only = lanes[0] if len(lanes) == 1 and routes.routers[0].retarget is None else None
 
             def emit_tracked_routed(values: Sequence[Any], roots: Sequence[int], parents: Sequence[Tuple] | None,
                                     born: float, getrandbits: Callable[[int], int]) -> int:
