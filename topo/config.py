@@ -291,6 +291,10 @@ SETTINGS: tuple[Setting, ...] = (
             nullable=True),
     Setting("spark.state_dir", None, _str, "directory for the rate files the source reader reads; null uses a temporary one",
             nullable=True),
+    Setting("spark.shared_dir", None, _str, "on a multi-machine cluster: a directory every worker and the driver mount at "
+            "the same path; file logs must lie under it and the default checkpoint goes there", nullable=True),
+    Setting("spark.log", "file", _str, "Spark's own log: a file under spark-logs/ (file) or the terminal (console)",
+            choices=("file", "console")),
 )
 
 BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
