@@ -239,6 +239,9 @@ class TaskContext:
     task_index: int
     parallelism: int
     config: dict[str, Any]
+    #: "component:stream" -> the task ids of each input this task subscribes to (windows wait
+    #: for every upstream task's watermark, Flink's rule); empty where an engine does not say
+    inputs: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 class Component:

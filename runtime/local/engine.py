@@ -31,7 +31,7 @@ from runtime.local.outbox import Outbox, StreamRoutes
 from runtime.local.queue import ByteQueue
 from runtime.local.checkpoint_store import CheckpointStore
 from runtime.local.checkpoints import Checkpointer, topology_fingerprint
-from runtime.local.tasks import TICK_MARKER, BoltTask, Rollback, RunState, SpoutTask, TaskWiring
+from runtime.local.tasks import END_MARKER, TICK_MARKER, BoltTask, Rollback, RunState, SpoutTask, TaskWiring
 from runtime.local.transport import WorkerNetwork
 from runtime.observe.stats import TaskStats
 
@@ -95,6 +95,7 @@ class LocalEngine:
                           Acker(cfg["message_timeout_s"], worker=network.worker,
                                 forward_ack=network.forwarder.ack, forward_fail=network.forwarder.fail))
         self.drain_deadline = float("inf")
+        self._ending: list[list[BoltTask]] | None = None   # end-of-input rounds left
         self.task_ids: dict[str, list[int]] = {}
         self.queues: dict[int, ByteQueue] = {}
         self.spout_tasks: list[SpoutTask] = []
@@ -136,7 +137,8 @@ class LocalEngine:
                     streams[stream] = StreamRoutes(fi, routers)
                 wiring = TaskWiring(
                     component=c.id, task_id=tid,
-                    context=TaskContext(topo.name, c.id, tid, index, c.parallelism, cfg),
+                    context=TaskContext(topo.name, c.id, tid, index, c.parallelism, cfg,
+                                        {f"{i.source}:{i.stream}": tuple(ids[i.source]) for i in c.inputs}),
                     outbox=Outbox(c.id, tid, streams, targets, cfg["batch.size"],
                                   cfg["batch.flush_interval_ms"] / 1000.0),
                     upstream_task_ids=upstream,
@@ -385,6 +387,27 @@ class LocalEngine:
                 log.exception("%s (task %d) close/cleanup raised", t.component, t.task_id)
             t.failures.flush(force=True)
 
+    def _end_of_input(self) -> bool:
+        """Every spout ran out by itself (bounded input) and all is processed: hand the next
+        component (topological order) with an ``end_of_input`` hook an END marker per task,
+        so its open windows close (Flink's MAX_WATERMARK); False once none is left."""
+        if self._ending is None:
+            order = [c.id for c in self.topology.components.values()]
+            done: list[str] = []
+            while order:     # sources before their subscribers (the topology has no cycle)
+                ready = [c for c in order if all(i.source in done for i in self.topology.components[c].inputs)]
+                if not ready:
+                    break
+                done += ready
+                order = [c for c in order if c not in ready]
+            self._ending = [[b for b in self.bolt_tasks if b.component == c] for c in done
+                            if any(b.component == c and hasattr(b.bolt, "end_of_input") for b in self.bolt_tasks)]
+        if not self._ending:
+            return False
+        for b in self._ending.pop(0):
+            b.queue.put_marker(END_MARKER)
+        return True
+
     def _on_signal(self) -> None:
         if self.stopping:
             log.warning("second signal: stopping without drain")
@@ -421,7 +444,9 @@ class LocalEngine:
                 if t.done() and not t.cancelled() and t.exception() is not None:
                     raise t.exception()
             if all(t.done() for t in spouts) and self._quiescent():
-                return True
+                if self.stopping or not self._end_of_input():
+                    return True
+                continue
             await asyncio.sleep(0.005)
             if self.stopping and self.drain_deadline == float("inf"):
                 self.drain_deadline = time.monotonic() + drain_timeout

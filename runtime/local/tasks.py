@@ -42,6 +42,8 @@ log = logging.getLogger("topo.task")
 
 # The control item the engine puts in a bolt's queue to call ``Bolt.tick`` (Storm's tick tuple).
 TICK_MARKER: list[Any] = [None]
+# ... and to call ``Bolt.end_of_input`` once every spout has run out (a bounded input).
+END_MARKER: list[Any] = [None]
 
 # Shortest wait worth a timer: below it the limiter's debt carries to the next call.
 _MIN_SLEEP_S = 0.001
@@ -562,11 +564,11 @@ class BoltTask(_TaskBase):
                 self.waiting = False
             batch = item[0]
             before = collector.emitted
-            if batch is TICK_MARKER:
+            if batch is TICK_MARKER or batch is END_MARKER:
                 try:
-                    bolt.tick()
+                    bolt.tick() if batch is TICK_MARKER else bolt.end_of_input()  # type: ignore[attr-defined]
                 except Exception as exc:
-                    self.failures.record("tick raised", exc)
+                    self.failures.record("tick raised" if batch is TICK_MARKER else "end_of_input raised", exc)
                 await self._send(collector.emitted - before)
                 continue
             await run_batch(batch)
