@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections import Counter
 from pathlib import Path
@@ -301,3 +302,109 @@ def test_the_spark_engine_refuses_windows_and_joins_naming_each_in_one_line() ->
     problems = check(b.build())
     assert len(problems) == 3 and all("\n" not in p and "local engine only" in p for p in problems)
     assert [p.split("'")[1] for p in problems] == ["tumbling", "count", "join"]
+
+
+# -- the watermark over upstream tasks (Flink's per-channel minimum) ------------------------------
+
+def from_task(h: BoltHarness, task: int, row: tuple[Any, ...]) -> list[list[Any]]:
+    from topo.api import FieldIndex
+
+    tup = Tuple(list(row), FieldIndex.of(FIELDS), source_component="parse", source_task=task)
+    return [e.values for e in h.feed(tup, raise_errors=True)]
+
+
+def channel_harness(bolt: Bolt, tasks: tuple[int, ...] = (1, 2)) -> BoltHarness:
+    h = harness(bolt)
+    # what the engine says: the upstream tasks of each input (the end stream carries no time)
+    object.__setattr__(h.context, "inputs", {"parse:default": tasks, "events:end": (9,)})
+    bolt.prepare(h.context, h.bolt.collector)
+    return h
+
+
+def test_the_watermark_is_the_least_over_upstream_tasks_and_waits_for_a_silent_one() -> None:
+    h = channel_harness(TumblingWindow(60, key_fields=["user"]))
+    assert from_task(h, 1, (500, "a", 1)) == []          # task 2 has sent nothing: no watermark yet
+    assert h.bolt.watermark == -math.inf
+    assert from_task(h, 2, (30, "b", 1)) == []           # min(500, 30) = 30
+    assert from_task(h, 2, (40, "b", 1)) == []
+    assert h.bolt.late_count == 0
+    assert from_task(h, 2, (61, "b", 1)) == [["b", 0, 60, 2]]    # task 2 passed 60; task 1 long ago
+    assert from_task(h, 1, (501, "a", 1)) == []          # task 1 moving on closes nothing: 61 is the least
+    assert h.bolt.watermark == 61
+
+
+def test_one_max_over_all_tasks_would_make_the_slow_task_late_the_minimum_does_not() -> None:
+    rows = [(t, "a", 1) for t in range(0, 300, 7)]
+    h = channel_harness(TumblingWindow(60, key_fields=["user"]))
+    for row in rows:                                      # task 1 runs 120 s ahead of task 2
+        from_task(h, 1, (row[0] + 120, *row[1:]))
+        from_task(h, 2, row)
+    assert h.bolt.late_count == 0
+    h.bolt.end_of_input()
+    counts = Counter((r[0] // 60) * 60 for r in rows) + Counter(((r[0] + 120) // 60) * 60 for r in rows)
+    assert {e.values[1]: e.values[3] for e in h.emitted} == dict(counts)
+    assert len(h.emitted) == len(counts)
+
+
+def test_an_idle_upstream_task_stops_holding_the_watermark_after_idle_s() -> None:
+    clock = Clock(1000.0)
+    h = channel_harness(TumblingWindow(60, key_fields=["user"], idle_s=5, clock=clock))
+    from_task(h, 1, (10, "a", 1))
+    from_task(h, 2, (20, "b", 1))
+    clock.now = 1003.0
+    assert from_task(h, 1, (70, "a", 1)) == []            # task 2 (at 20) holds the watermark
+    clock.now = 1004.0
+    assert h.tick() == []                                 # task 2 quiet for 4 s: still waited for
+    clock.now = 1005.5
+    assert [e.values for e in h.tick()] == [["a", 0, 60, 1], ["b", 0, 60, 1]]   # task 2 idle: left out
+    assert from_task(h, 2, (30, "b", 1)) == [["b", 30]]   # back behind the watermark: on the late stream
+    assert h.bolt.late_count == 1
+    clock.now = 1006.0
+    assert from_task(h, 2, (90, "b", 1)) == []            # back in the minimum: min(70, 90) = 70
+    assert h.bolt.watermark == 70
+
+
+def test_end_of_input_closes_every_open_window_once() -> None:
+    h = harness(SessionWindow(10, key_fields=["user"], lateness_s=1000))
+    feed(h, (5, "a", 1), (7, "a", 1), (500, "b", 1))
+    before = len(h.emitted)
+    h.bolt.end_of_input()
+    assert [e.values for e in h.emitted[before:]] == [["a", 5, 17, 2], ["b", 500, 510, 1]]
+    assert h.bolt.open_windows() == []
+
+
+def test_restored_watermark_keeps_each_upstream_task() -> None:
+    h = channel_harness(TumblingWindow(60, key_fields=["user"]))
+    from_task(h, 1, (500, "a", 1))
+    from_task(h, 2, (30, "b", 1))
+    state = msgpack.unpackb(msgpack.packb(h.bolt.snapshot_state()), raw=False)
+    again = channel_harness(TumblingWindow(60, key_fields=["user"]))
+    again.bolt.restore_state(state)
+    assert from_task(again, 2, (70, "b", 1)) == [["b", 0, 60, 1]]    # min(500, 70): [0, 60) closes
+
+
+def test_a_bounded_file_gives_complete_windows_without_an_end_stream(tmp_path: Path) -> None:
+    """The engine's end-of-input hook closes what is open; two spout tasks in time order
+    each, lateness 0: with one maximum over both, the slower file's tuples would be late."""
+    import zlib
+    from runtime.local.engine import run
+
+    names = [n for n in (f"part{i}.jsonl" for i in range(20))]
+    a = next(n for n in names if zlib.crc32(str(tmp_path / n).encode()) % 2 == 0)
+    b_ = next(n for n in names if zlib.crc32(str(tmp_path / n).encode()) % 2 == 1)
+    rows = {a: [{"ts": t, "user": "ann"} for t in range(0, 6000, 2)],
+            b_: [{"ts": t, "user": "bob" if t % 4 else "ann"} for t in range(0, 3000, 1)]}
+    for name, recs in rows.items():
+        (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in recs))
+    b = TopologyBuilder("end-of-input", {"batch.size": 16})
+    b.spout("events", JsonLinesSpout(str(tmp_path / "*.jsonl"), fields=["ts", "user"], end_stream=None),
+            parallelism=2)
+    b.bolt("per_minute", TumblingWindow(60, key_fields=["user"], lateness_s=0), parallelism=2) \
+        .fields("events", "user")
+    b.bolt("collect", Collect()).global_("per_minute").global_("per_minute", stream="late")
+    Collect.rows = []
+    run(b.build())
+    expected = Counter((r["user"], (r["ts"] // 60) * 60) for recs in rows.values() for r in recs)
+    got = [(u, s, n) for stream, u, s, e, n in (r for r in Collect.rows if r[0] == "default")]
+    assert {(u, s): n for u, s, n in got} == dict(expected) and len(got) == len(expected)
+    assert [r for r in Collect.rows if r[0] == "late"] == []

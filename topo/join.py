@@ -88,6 +88,12 @@ class JoinBolt(SlidingWindow):
         return [side for side, name in ((LEFT, self.left), (RIGHT, self.right))
                 if name.split(":", 1)[0] == component]
 
+    def _group_of(self, component: str, stream: str) -> Any:
+        for side, name in ((LEFT, self.left), (RIGHT, self.right)):
+            if name == component or name == f"{component}:{stream}":
+                return side
+        return None
+
     def _side(self, tup: Tuple) -> int:
         for side, name in ((LEFT, self.left), (RIGHT, self.right)):
             if name == tup.source_component or name == f"{tup.source_component}:{tup.stream}":

@@ -21,21 +21,29 @@ Window types (each a bolt; subscribe it with a fields grouping on ``key_fields``
   tuples (default ``size``: tumbling), the aggregate of the last ``size`` tuples.
 
 **Time.** ``time="event"`` (the default) reads the tuple's ``timestamp_field`` (a number,
-in seconds). The watermark of a task is the largest timestamp it has seen minus
-``lateness_s``; a window ``[start, end)`` closes, and its aggregate is emitted, when the
-watermark reaches ``end``. A tuple whose windows have all closed is late: it goes to the
-``late_stream`` (``late``; ``None`` drops it) with ``late_fields``. So a tuple exactly
-``lateness_s`` behind the largest timestamp is still on time. ``time="processing"``
-stamps each tuple with ``clock()`` (``time.time`` unless given, so tests are exact) and
-closes windows on the tick (``tick_s``) once ``clock()`` passes their end.
+in seconds). Each upstream task is a channel: the watermark of a window task is the least,
+over its upstream tasks, of the largest timestamp each sent, minus ``lateness_s`` (Flink's
+rule, so a fast upstream task does not make a slow one's tuples late). A window
+``[start, end)`` closes, and its aggregate is emitted, when the watermark reaches ``end``.
+A tuple whose windows have all closed is late: it goes to the ``late_stream`` (``late``;
+``None`` drops it) with ``late_fields``. So a tuple exactly ``lateness_s`` behind is still
+on time. ``time="processing"`` stamps each tuple with ``clock()`` (``time.time`` unless
+given, so tests are exact) and closes windows on the tick (``tick_s``) once ``clock()``
+passes their end.
 
-**Idle and finite inputs.** With ``idle_s`` set, a task that received nothing for
-``idle_s`` seconds lets its watermark advance with the clock from then on (on the tick),
-so the last windows close while the source is quiet. A finite source from
-``topo.sources.files`` emits one tuple on its ``end`` stream when all its tuples are
-done; subscribe the window bolt to it with an ``all`` grouping and every window closes
-when every task of each source that sent an end has ended (exact at the end of a file:
-with acking on, the spout sends it only after every tuple it emitted was processed).
+**Idle and finite inputs.** The engine tells each task its upstream tasks; one that has
+sent nothing yet holds the watermark back. With ``idle_s`` set, an upstream task that
+sent nothing for ``idle_s`` seconds is left out of the minimum until it sends again (its
+tuples behind the watermark are then late: Flink's ``withIdleness``), and a task that
+received nothing at all for ``idle_s`` lets its watermark advance with the clock (on the
+tick), so the last windows close while the source is quiet. Without ``idle_s`` a silent
+upstream task holds the watermark until the input ends: set it for unbounded inputs.
+When every spout has run out by itself (a bounded input, not a stop), the local engine
+calls ``end_of_input`` and every open window closes (Flink's MAX_WATERMARK), so a
+bounded file gives complete results. A file source from ``topo.sources.files`` also
+emits one tuple on its ``end`` stream; a window subscribed to it with an ``all``
+grouping closes its windows when every task of each source that sent an end has ended
+(with worker processes, where the end-of-input hook does not run, this is the way).
 
 **Aggregates.** ``agg`` is ``count``, ``sum``, ``min``, ``max``, ``mean`` (of
 ``value_field``), a function (or its dotted name, from YAML) given the list of
@@ -268,9 +276,20 @@ class WindowedBolt(_Keyed):
         self._windows: dict[tuple[Any, Any], list[Any]] = {}   # (key, start) -> [end, acc]
         self._heap: list[tuple[Any, int, Any, Any]] = []        # (end, seq, key, start)
         self._seq = 0
-        self._max: dict[Any, Any] = {}    # input (see ``watermark_inputs``) -> largest timestamp seen
+        # input (see ``watermark_inputs``) -> upstream task -> the largest timestamp it sent
+        self._max: dict[Any, dict[int, Any]] = {}
         self._wm = -INF           # the watermark: windows with end <= it are closed
         self._last_arrival = self.clock()
+        self._started = self._last_arrival
+        self._arrival: dict[int, float] = {}     # upstream task -> when it last sent a tuple
+        self._done: set[Any] = set()             # inputs that ended
+        # the upstream tasks of each input, as the engine says (Flink waits for every channel)
+        self._expected: dict[Any, set[int]] = {}
+        for name, tasks in getattr(context, "inputs", {}).items():
+            component, _, stream = name.partition(":")
+            group = self._group_of(component, stream)
+            if group is not None:
+                self._expected.setdefault(group, set()).update(tasks)
         self._ended: dict[str, list[Any]] = {}   # source component -> [tasks ended, of how many]
         self._by_key: dict[Any, list[Any]] = {}  # sessions: key -> starts of its open sessions
 
@@ -297,41 +316,75 @@ class WindowedBolt(_Keyed):
             self.late_count += 1
             if self.late_stream:
                 self.collector.emit(self._late_values(tup), self.late_stream)
-        group = self._input_of(tup)
-        if ts > self._max.get(group, -INF):
-            self._max[group] = ts
+        channel = tup.source_task
+        self._arrival[channel] = now
+        seen = self._max.setdefault(self._input_of(tup), {})
+        if ts > seen.get(channel, -INF):
+            seen[channel] = ts
             self._advance_inputs()
 
     def tick(self) -> None:
         now = self.clock()
         if self.time == "processing":
             self._advance(now)
-        elif self.idle_s is not None and now - self._last_arrival >= self.idle_s and self._max:
-            self._advance(min(self._max.values()) - self.lateness_s + (now - self._last_arrival))
+        elif self.idle_s is not None:
+            self._advance_inputs()           # a channel may have gone idle since
+            if now - self._last_arrival >= self.idle_s and self._max:
+                furthest = [max(seen.values()) for seen in self._max.values() if seen]
+                if furthest:   # the whole task is idle: its watermark moves on with the clock
+                    self._advance(min(furthest) - self.lateness_s + (now - self._last_arrival))
+
+    def end_of_input(self) -> None:
+        """Every spout ran out (the engine's end-of-input hook): close every open window
+        (Flink's MAX_WATERMARK at the end of a bounded input)."""
+        self._done.update(self.watermark_inputs)
+        self._advance(INF)
 
     # -- the watermark over inputs ------------------------------------------------------
     #: the inputs the watermark waits for: it is the least of their largest timestamps minus
     #: the lateness (one input here; a join has two, its left and its right)
-    watermark_inputs: tuple[Any, ...] = (None,)
+    watermark_inputs: tuple[Any, ...] = (0,)
 
     def _input_of(self, tup: Tuple) -> Any:
-        return None
+        return 0
+
+    def _group_of(self, component: str, stream: str) -> Any:
+        """The input (of ``watermark_inputs``) that ``component:stream`` feeds; the end
+        stream feeds none (it carries no timestamps)."""
+        return None if stream == self.end_stream else 0
 
     def _inputs_ended_by(self, component: str) -> Iterable[Any]:
         """The inputs that end when every task of ``component`` sent its end: here the one
         input, once every source that sent an end has ended."""
-        return (None,) if all(len(done) >= n for done, n in self._ended.values()) else ()
+        return (0,) if all(len(done) >= n for done, n in self._ended.values()) else ()
+
+    def _input_watermark(self, group: Any, now: float) -> Any:
+        """The least largest timestamp over the input's upstream tasks (Flink's per-channel
+        minimum), leaving out a task idle for ``idle_s``; -inf while a task the engine
+        named has not sent yet (unless idle), +inf once the input ended."""
+        if group in self._done:
+            return INF
+        seen = self._max.get(group, {})
+        idle_s = self.idle_s
+
+        def idle(task: int) -> bool:
+            return idle_s is not None and now - self._arrival.get(task, self._started) >= idle_s
+
+        if any(t not in seen and not idle(t) for t in self._expected.get(group, ())):
+            return -INF
+        live = [m for t, m in seen.items() if not idle(t)]
+        return min(live) if live else max(seen.values(), default=-INF)
 
     def _advance_inputs(self) -> None:
-        self._advance(min(self._max.get(g, -INF) for g in self.watermark_inputs) - self.lateness_s)
+        now = self.clock()
+        self._advance(min(self._input_watermark(g, now) for g in self.watermark_inputs) - self.lateness_s)
 
     def _on_end(self, tup: Tuple) -> None:
         seen = self._ended.setdefault(tup.source_component, [[], int(tup["tasks"])])
         if tup["task"] not in seen[0]:
             seen[0].append(tup["task"])
         if len(seen[0]) >= seen[1]:
-            for group in self._inputs_ended_by(tup.source_component):
-                self._max[group] = INF
+            self._done.update(self._inputs_ended_by(tup.source_component))
             self._advance_inputs()
 
     # -- windows --------------------------------------------------------------------------
@@ -391,7 +444,8 @@ class WindowedBolt(_Keyed):
     # -- checkpoints ----------------------------------------------------------------------
     def snapshot_state(self) -> Any:
         return {"windows": [list(w) for w in self.open_windows()],
-                "max": [[g, m] for g, m in self._max.items()],
+                "max": [[g, t, m] for g, seen in self._max.items() for t, m in seen.items()],
+                "done": list(self._done),
                 "wm": self._wm,
                 "ended": [[c, done, n] for c, (done, n) in self._ended.items()],
                 "late": self.late_count}
@@ -403,7 +457,10 @@ class WindowedBolt(_Keyed):
             self._windows[(key, start)] = [end, acc]
             self._push(end, key, start)
             self._index(key, start)
-        self._max = {g: m for g, m in state["max"]}
+        self._max = {}
+        for g, t, m in state["max"]:
+            self._max.setdefault(g, {})[t] = m
+        self._done = set(state.get("done", ()))
         self._wm = state["wm"]
         self._ended = {c: [list(done), n] for c, done, n in state["ended"]}
         self.late_count = state.get("late", 0)
