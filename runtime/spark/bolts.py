@@ -23,12 +23,20 @@ Three ways to run a bolt, chosen by the driver (``runtime.spark.plan``):
 
 On Spark, ``ack`` and ``fail`` are counted but do nothing: a micro-batch is the unit of
 replay (a failed task re-runs its whole batch from the same offsets and state
-version). Exceptions from ``execute`` fail the Spark task and so the query.
+version). An exception from ``prepare``, ``execute``, ``process``, ``tick`` or ``cleanup``
+fails the Spark task, and after Spark's retries the query, as a ``BoltFailure`` whose
+message names the bolt and the user's exception (``bolt 'work': execute raised
+ValueError: boom``): the driver finds that line in the Python worker's trace.
+
+On a cluster on this machine (``runtime.spark.placement``) the plan carries the
+driver's working directory, which the Python worker enters before it makes a bolt, so
+relative paths mean the same as on ``local[*]``.
 """
 from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
@@ -64,9 +72,42 @@ class StagePlan:
     inputs: dict[tuple[str, str], tuple[str, ...]]     # (src, stream) -> field names
     outputs: dict[str, tuple[str, ...]]                # declared output streams
     routes: dict[tuple[str, str], InputRoute] = field(default_factory=dict)
+    workdir: str | None = None                         # the driver's directory, on a cluster on this machine
+
+    def instance(self) -> Any:
+        """A fresh bolt, made in ``workdir`` when there is one."""
+        enter_workdir(self.workdir)
+        return self.make()
 
     def field_index(self) -> dict[tuple[str, str], FieldIndex]:
         return {k: FieldIndex.of(v) for k, v in self.inputs.items()}
+
+
+class BoltFailure(RuntimeError):
+    """A bolt's own code raised inside a Spark task; the message is the one line the
+    driver shows (``FAILURE_PREFIX`` marks it in the worker's trace)."""
+
+    def __init__(self, component: str, what: str, error: BaseException) -> None:
+        text = " ".join(str(error).split())
+        super().__init__(f"bolt {component!r}: {what} raised {type(error).__name__}" + (f": {text}" if text else ""))
+
+
+FAILURE_PREFIX = f"{BoltFailure.__module__}.{BoltFailure.__name__}: "
+
+
+def enter_workdir(path: str | None) -> None:
+    """Make ``path`` this Python worker's working directory (no-op for None)."""
+    if path and os.getcwd() != path:
+        os.chdir(path)
+
+
+def prepared(plan: StagePlan, bolt: Any, context: TaskContext, collector: Any) -> Any:
+    """``bolt.prepare(context, collector)``, its exception a ``BoltFailure``."""
+    try:
+        bolt.prepare(context, collector)
+    except Exception as e:
+        raise BoltFailure(plan.component, "prepare", e) from e
+    return bolt
 
 
 class BusCollector:
@@ -139,6 +180,7 @@ class Runner:
     """Calls one bolt instance per tuple, awaiting ``async`` bolts on a private loop."""
 
     def __init__(self, plan: StagePlan, bolt: Any, call: Callable[..., Any] | None = None) -> None:
+        self.component = plan.component
         self.bolt = bolt
         self.call = call or bolt.execute
         self.index = plan.field_index()
@@ -150,22 +192,28 @@ class Runner:
         return Tuple(msgpack.unpackb(v, raw=False), self.index[(src, stream)], stream, src)
 
     def run(self, tup: Tuple, *extra: Any) -> None:
-        result = self.call(tup, *extra)
-        if inspect.isawaitable(result):
-            if self.loop is None:
-                self.loop = asyncio.new_event_loop()
-            self.loop.run_until_complete(result)
+        try:
+            result = self.call(tup, *extra)
+            if inspect.isawaitable(result):
+                if self.loop is None:
+                    self.loop = asyncio.new_event_loop()
+                self.loop.run_until_complete(result)
+        except Exception as e:
+            raise BoltFailure(self.component, self.call.__name__, e) from e
 
     def tick(self) -> None:
         if getattr(self.bolt, "tick_interval_s", None) and hasattr(self.bolt, "tick"):
             self.run_plain(self.bolt.tick)
 
     def run_plain(self, fn: Callable[[], Any]) -> None:
-        result = fn()
-        if inspect.isawaitable(result):
-            if self.loop is None:
-                self.loop = asyncio.new_event_loop()
-            self.loop.run_until_complete(result)
+        try:
+            result = fn()
+            if inspect.isawaitable(result):
+                if self.loop is None:
+                    self.loop = asyncio.new_event_loop()
+                self.loop.run_until_complete(result)
+        except Exception as e:
+            raise BoltFailure(self.component, getattr(fn, "__name__", "a call"), e) from e
 
     def close(self) -> None:
         if self.loop is not None:
@@ -203,9 +251,9 @@ def partition_function(plan: StagePlan) -> Callable[[Iterator[Any]], Iterator[An
     """The ``mapInArrow`` function of a bolt in ``partition`` mode."""
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:
-        bolt = plan.make()
+        bolt = plan.instance()
         collector = BusCollector(plan)
-        bolt.prepare(context_for(plan, _spark_partition_id()), collector)
+        prepared(plan, bolt, context_for(plan, _spark_partition_id()), collector)
         yield from run_batch(Runner(plan, bolt), collector, _arrow_rows(batches), collector.drain_arrow)
         if len(collector):
             yield collector.drain_arrow()
@@ -286,9 +334,9 @@ class KeyedStage:
 
     def _ready(self) -> Runner:
         if self.runner is None:
-            bolt = self.plan.make()
+            bolt = self.plan.instance()
             self.collector = BusCollector(self.plan)
-            bolt.prepare(context_for(self.plan, _spark_partition_id()), self.collector)
+            prepared(self.plan, bolt, context_for(self.plan, _spark_partition_id()), self.collector)
             self.runner = Runner(self.plan, bolt, bolt.process)
         return self.runner
 
@@ -322,12 +370,12 @@ class TaskStage:
         from pyspark import cloudpickle
 
         plan = self.plan
-        bolt = plan.make()
+        bolt = plan.instance()
         raw = state.load()
         if raw is not None:
             bolt.__dict__.update(cloudpickle.loads(raw))
         collector = BusCollector(plan)
-        bolt.prepare(context_for(plan, task_index), collector)
+        prepared(plan, bolt, context_for(plan, task_index), collector)
         yield from run_batch(Runner(plan, bolt), collector, _rows(pdfs), collector.drain_pandas)
         kept = {k: v for k, v in bolt.__dict__.items() if k not in _HIDDEN}
         try:

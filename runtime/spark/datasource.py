@@ -37,6 +37,7 @@ from typing import Any, Iterator, Mapping
 import msgpack
 
 from backpressure.policy.rate_control import per_partition_cap
+from runtime.spark.bolts import enter_workdir
 from runtime.spark.presharding import preshard
 from topo.sources.base import OffsetSource
 
@@ -185,6 +186,7 @@ class OffsetStreamReader(DataSourceStreamReader):  # type: ignore[misc,valid-typ
         self.bound = None if bound is None else _offsets(bound)
         self.max_rows = int(options.get("max_rows") or NO_ROW_LIMIT)
         self.partition_count = self.source.num_partitions()
+        self.workdir = options.get("workdir") or None   # the driver's directory, on a cluster on this machine
 
     def initialOffset(self) -> dict[str, int]:
         return {str(p): 0 for p in range(self.partition_count)}
@@ -215,6 +217,7 @@ class OffsetStreamReader(DataSourceStreamReader):  # type: ignore[misc,valid-typ
     def read(self, partition: ShardPartition) -> Iterator[Any]:
         import pyarrow as pa
 
+        enter_workdir(self.workdir)
         pick = self.pick
         packb = msgpack.packb
         values: list[bytes] = []

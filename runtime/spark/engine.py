@@ -25,11 +25,21 @@ spout tuples as on the local engine; the checkpoint and rate files live in a
 temporary directory removed at the end unless ``spark.checkpoint_dir`` /
 ``spark.state_dir`` are set (a set checkpoint resumes from its offsets and state); a
 session the engine started is stopped at the end, one passed in is left running.
+
+On a cluster (any master but ``local``): the user's modules are zipped and shipped to
+the executors (``runtime.spark.shipping``); what executors on other machines could not
+reach is refused before the session starts (``runtime.spark.placement``); on a
+cluster on this machine the executors' Python workers work in the driver's directory.
+Spark's own log goes to ``spark-logs/<topology>-<time>.log`` (``spark.log: file``, the
+default) or the terminal (``console``). A failed query raises ``ComponentError`` with
+one line: the bolt and the exception its Python worker raised (or the first Python
+exception of the trace), the full trace as its cause.
 """
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import statistics
 import tempfile
@@ -46,8 +56,13 @@ from runtime.observe.spark_stats import SparkStats
 from runtime.spark.datasource import SOURCE_NAME, OffsetDataSource, source_options
 from runtime.spark.listener import (BatchRecord, RateFeedback, SourceControl, SubmissionTicker,
                                     make_listener, next_boundary)
+from runtime.spark.bolts import FAILURE_PREFIX
+from runtime.spark.placement import check as check_placement
+from runtime.spark.placement import executor_workdir, is_local, on_this_machine
 from runtime.spark.plan import build, needs_tws, stage_plans, terminal_streams
 from runtime.spark.result_store import BatchSink, open_sink
+from runtime.spark.shipping import build_zip, roots_of, user_modules
+from topo.api import ComponentError
 from topo.config import resolve
 from topo.sources.base import select_columns
 from topo.topology import Topology, TopologyError
@@ -69,6 +84,8 @@ class SparkRunResult:
     checkpoint: str = ""
     sink: str = ""
     stats: list[Any] = field(default_factory=list)   # local-engine TaskStats: none on Spark
+    log_file: str = ""                                 # Spark's log, with spark.log: file
+    shipped: list[str] = field(default_factory=list)   # the user's modules zipped for the executors
 
     def summary(self) -> dict[str, Any]:
         """Mean and p95 scheduling delay, processing time per batch, throughput."""
@@ -129,15 +146,25 @@ def run(topology: Topology, config: Mapping[str, Any] | None = None, *, master: 
     if needs_tws(plans):
         _check_tws_available()
     interval_s = float(cfg["spark.trigger_interval_ms"]) / 1000.0
+    master_url = spark.sparkContext.master if spark is not None else (master or cfg["spark.master"])
+    stateful = [cid for cid, p in plans.items() if p.mode != "partition"]
+    check_placement(topology, cfg, master_url, {s.id: s.instance().source() for s in topology.spouts}, stateful)
+    workdir = executor_workdir(master_url)
+    for plan in plans.values():
+        plan.workdir = workdir
     with contextlib.ExitStack() as stack:
         temp_dir = _temp_dir(stack)
-        spark, own_session = _session(stack, spark, master, cfg)
+        log_file = _log_file(topology.name, cfg) if spark is None else ""
+        spark, own_session = _session(stack, spark, master, cfg, log_file)
+        shipped = _ship_code(spark, topology, temp_dir)
         state_dir = cfg["spark.state_dir"] or str(Path(temp_dir) / "state")
         Path(state_dir).mkdir(parents=True, exist_ok=True)
-        checkpoint = cfg["spark.checkpoint_dir"] or str(Path(temp_dir) / "checkpoint")
+        checkpoint = cfg["spark.checkpoint_dir"] or _default_checkpoint(stack, cfg, temp_dir, master_url, stateful)
         core_num = _configure(spark, cfg, plans, own_session)
 
         stats, options, feedback = _rate_control(topology, cfg, interval_s, core_num, state_dir)
+        for opts in options.values():
+            opts["workdir"] = workdir or ""
         _serve_metrics(stack, cfg, stats)
         feedback.submit(next_boundary(time.time(), interval_s))   # slow start caps before the first trigger
         frames = {cid: spark.readStream.format(SOURCE_NAME).options(**opts).load() for cid, opts in options.items()}
@@ -150,11 +177,12 @@ def run(topology: Topology, config: Mapping[str, Any] | None = None, *, master: 
         writer = _BatchWriter(sink, streams, checkpoint)
         started, query = _start_query(stack, spark, result_df, f"{topology.name}-{uuid.uuid4().hex[:8]}",
                                       feedback, writer, interval_s, checkpoint)
-        reason = _wait(query, feedback, started, duration, max_tuples, handle_signals)
+        reason = _wait(query, feedback, started, duration, max_tuples, handle_signals, log_file)
         elapsed = time.time() - started
         return SparkRunResult(reason, list(feedback.batches), list(stats.values()), feedback.input_rows, elapsed,
                               cfg["spark.rate_control"], writer.query_id,
-                              checkpoint if cfg["spark.checkpoint_dir"] else "", cfg["spark.sink"])
+                              checkpoint if cfg["spark.checkpoint_dir"] else "", cfg["spark.sink"],
+                              log_file=log_file, shipped=shipped)
 
 
 def _temp_dir(stack: contextlib.ExitStack) -> str:
@@ -164,16 +192,50 @@ def _temp_dir(stack: contextlib.ExitStack) -> str:
     return temp_dir
 
 
+def _log_file(name: str, cfg: Mapping[str, Any]) -> str:
+    """Where Spark's log goes with ``spark.log: file``: ``spark-logs/<name>-<UTC time>.log``
+    under the working directory ("" for ``console``)."""
+    if cfg["spark.log"] != "file":
+        return ""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    return os.path.join("spark-logs", f"{name}-{stamp}-{uuid.uuid4().hex[:4]}.log")
+
+
 def _session(stack: contextlib.ExitStack, spark: Any, master: str | None,
-             cfg: Mapping[str, Any]) -> tuple[Any, bool]:
+             cfg: Mapping[str, Any], log_file: str) -> tuple[Any, bool]:
     """The session passed in (left running), or one the engine starts (stopped at the end)."""
     if spark is not None:
         return spark, False
     from runtime.spark.session import get_session
 
-    spark = get_session(master or cfg["spark.master"], shuffle_partitions=cfg["spark.shuffle_partitions"])
+    spark = get_session(master or cfg["spark.master"], shuffle_partitions=cfg["spark.shuffle_partitions"],
+                        log_file=os.path.abspath(log_file) if log_file else None)
     stack.callback(spark.stop)
     return spark, True
+
+
+def _ship_code(spark: Any, topology: Topology, temp_dir: str) -> list[str]:
+    """On a cluster, zip the user's modules the components need and add the zip to the
+    session (``addPyFile``: every executor puts it on its ``sys.path``); returns their names."""
+    if is_local(spark.sparkContext.master):
+        return []
+    modules = user_modules(roots_of(spec.instance() for spec in topology.components.values()))
+    if not modules:
+        return []
+    path = build_zip(modules, Path(temp_dir) / f"topo-code-{uuid.uuid4().hex[:8]}.zip")
+    spark.sparkContext.addPyFile(str(path))
+    return [m.name for m in modules]
+
+
+def _default_checkpoint(stack: contextlib.ExitStack, cfg: Mapping[str, Any], temp_dir: str, master: str,
+                        stateful: list[str]) -> str:
+    """Without ``spark.checkpoint_dir``: a temporary checkpoint, in ``spark.shared_dir`` when
+    executors on other machines write state there (``placement``), removed at the end."""
+    if stateful and not on_this_machine(master):
+        shared = tempfile.mkdtemp(prefix="topo-checkpoint-", dir=cfg["spark.shared_dir"])
+        stack.callback(shutil.rmtree, shared, ignore_errors=True)
+        return shared
+    return str(Path(temp_dir) / "checkpoint")
 
 
 def _configure(spark: Any, cfg: Mapping[str, Any], plans: dict[str, Any], own_session: bool) -> int:
@@ -273,8 +335,33 @@ def _stop_query(query: Any) -> None:
         pass
 
 
+def failure_line(text: str) -> str:
+    """The one line a failed query's trace comes down to: the ``BoltFailure`` a bolt raised
+    (``bolt 'work': execute raised ValueError: boom``), else the first Python exception of
+    the trace (``ModuleNotFoundError: No module named 'x'``), else the trace's first line."""
+    at = text.rfind(FAILURE_PREFIX)
+    if at >= 0:
+        return text[at + len(FAILURE_PREFIX):].splitlines()[0].strip()
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.strip() == "Traceback (most recent call last):":
+            for after in lines[i + 1:]:
+                if after and not after[0].isspace():
+                    return " ".join(after.split())
+    first = " ".join(text.strip().splitlines()[0].split()) if text.strip() else "no message"
+    return first if len(first) <= 300 else first[:297] + "..."
+
+
+def _query_failed(err: Any, log_file: str) -> ComponentError:
+    text = str(getattr(err, "desc", None) or err)
+    line = failure_line(text)
+    where = f"; Spark's log: {log_file}" if log_file else ""
+    prefix = "" if FAILURE_PREFIX in text else "the streaming query failed: "
+    return ComponentError(f"{prefix}{line} (on Spark; run again with --debug for the full trace{where})")
+
+
 def _wait(query: Any, feedback: RateFeedback, started: float, duration: float | None,
-          max_tuples: int | None, handle_signals: bool) -> str:
+          max_tuples: int | None, handle_signals: bool, log_file: str = "") -> str:
     try:
         while True:
             if feedback.error is not None:
@@ -282,7 +369,7 @@ def _wait(query: Any, feedback: RateFeedback, started: float, duration: float | 
             if not query.isActive:
                 err = query.exception()
                 if err is not None:
-                    raise RuntimeError(f"the streaming query failed: {err}") from None
+                    raise _query_failed(err, log_file) from err
                 return "stopped"
             if feedback.exhausted():
                 return "exhausted"

@@ -5,8 +5,9 @@
   listens beyond loopback.
 * The driver JVM gets ``-Xss32m``: stopping a streaming query walks deep plans and can
   overflow the default stack.
-* The driver logs through ``log4j2.properties`` beside this module: warnings and
-  errors, one line each, without the messages a normal streaming run produces
+* The driver logs through ``log4j2.properties`` beside this module (to the terminal), or
+  with ``log_file`` through ``log4j2-file.properties`` to that file, with full traces
+  (``spark.log: file``, what the engine does by default): warnings and errors, without the messages a normal streaming run produces
   (batches falling behind, job groups already gone at a stop); the Python workers
   get ``PYTHONWARNINGS`` filtering PySpark's FutureWarning about the pandas version
   (the driver filters it in ``runtime/spark/__init__.py``). A normal run and its
@@ -29,6 +30,7 @@ from runtime.spark import PANDAS_WARNING
 
 SITE_MARKERS = ("site-packages", "dist-packages", f"lib{os.sep}python")
 LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
+LOG4J_FILE_CONFIG = Path(__file__).with_name("log4j2-file.properties")
 
 
 def prepare_environment() -> None:
@@ -46,14 +48,23 @@ def prepare_environment() -> None:
         os.environ["PYTHONWARNINGS"] = ",".join(w for w in (given, quiet) if w)
 
 
+def java_options(log_file: str | None) -> str:
+    """The driver JVM's options: the stack size and where log4j writes (module docstring)."""
+    if log_file is None:
+        return f"-Xss32m -Dlog4j2.configurationFile={LOG4J_CONFIG.as_uri()}"
+    Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+    return f"-Xss32m -Dlog4j2.configurationFile={LOG4J_FILE_CONFIG.as_uri()} -Dtopo.spark.log={log_file}"
+
+
 def get_session(master: str = "local[*]", *, shuffle_partitions: int | None = None,
-                app_name: str = "topo", log_level: str = "WARN") -> Any:
-    """A session for the engine (``getOrCreate``: an active session is reused as is)."""
+                app_name: str = "topo", log_level: str = "WARN", log_file: str | None = None) -> Any:
+    """A session for the engine (``getOrCreate``: an active session is reused as is);
+    Spark's log goes to ``log_file`` (an absolute path) when given, else to the terminal."""
     prepare_environment()
     from pyspark.sql import SparkSession
 
     builder = (SparkSession.builder.master(master).appName(app_name)
-               .config("spark.driver.extraJavaOptions", f"-Xss32m -Dlog4j2.configurationFile={LOG4J_CONFIG.as_uri()}")
+               .config("spark.driver.extraJavaOptions", java_options(log_file))
                .config("spark.driver.host", "127.0.0.1")
                .config("spark.driver.bindAddress", "127.0.0.1")
                .config("spark.ui.enabled", "false")
