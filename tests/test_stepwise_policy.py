@@ -766,3 +766,81 @@ def test_restart_of_the_upstream_a_new_throttle_takes_the_published_hold_one_ste
         w.check(d, t, LOW)
         assert t < 30.0
     assert fresh.rate is None and fresh.nominal_rate == fresh.originv
+
+
+# -- release_window and flat_queue_holds (settings beyond the document; off by default) -----------
+
+def _two_steps_under_release_window() -> tuple[World, Downstream]:
+    """Upstream 1 stepped twice by task 10, with ``release_window`` 0.5 s (``sensitivity`` 2 s)."""
+    params = StepwiseParams(step=0.5, high_mark=HIGH, low_mark=LOW, sensitivity=2.0, rate_floor=1.0,
+                            release_window=0.5)
+    w = World(params, rates={1: 20_000.0})
+    d = Downstream(10, [1], params, 0.0)
+    w.check(d, 0.0, HIGH)
+    w.check(d, 2.0, HIGH + 1)
+    return w, d
+
+
+def test_release_window_gives_back_each_step_after_the_shorter_window_and_restores_originv() -> None:
+    w, d = _two_steps_under_release_window()
+    th = w.throttles[1]
+    assert th.k == 2
+    assert tick(w, d, 10.0, LOW) == [] and tick(w, d, 10.499, LOW) == []
+    assert [s.k for s in tick(w, d, 10.5, LOW)] == [1]           # not at 12.0: the window is 0.5 s
+    assert tick(w, d, 10.999, LOW) == []                          # a fresh window for the next step
+    assert [s.k for s in tick(w, d, 11.0, LOW)] == [0]
+    assert th.rate is None and th.nominal_rate == th.originv == 20_000.0 and not th.backpressure
+
+
+def test_release_window_an_acknowledgement_that_comes_later_is_looked_for_within_the_window() -> None:
+    w, d = _two_steps_under_release_window()
+    d.observe(10.0, LOW)
+    assert d.observe(10.5, LOW)
+    (rel,) = w.check_due(d, 10.5, LOW, deliver=False)            # the release is on its way
+    assert not d.observe(10.6, LOW)
+    w.deliver([rel], 10.6)                                        # applied and acknowledged
+    # The next release is due 0.5 s after the last one, not at the next sensitivity check (12.5).
+    assert d.observe(11.0, LOW)
+    assert [s.k for s in w.check_due(d, 11.0, LOW)] == [0]
+
+
+def test_flat_queue_holds_a_queue_that_stopped_growing_is_not_stepped_again_but_a_growing_one_is() -> None:
+    params = StepwiseParams(step=0.5, high_mark=HIGH, low_mark=LOW, sensitivity=2.0, rate_floor=1.0,
+                            flat_queue_holds=True)
+    w = World(params)
+    d = Downstream(10, [1], params, 0.0)
+    th = w.throttle(1)
+    w.check(d, 0.0, HIGH + 1_000_000)
+    assert th.k == 1
+    noise = HIGH // 64                                           # under 1/32 of the high mark: a batch or two
+    assert w.check(d, 2.0, HIGH + 1_000_000 + noise) == []      # flat: the rate in force matches capacity
+    w.check(d, 4.0, MID)                                         # dips under the mark ...
+    assert w.check(d, 4.1, HIGH + 1_000_000 + noise) == []      # ... and back to the level of the step
+    assert th.k == 1
+    assert [s.k for s in w.check(d, 6.1, HIGH + 1_000_000 + HIGH // 16)] == [2]   # grew: one more step
+    # The document's reading (the default) steps the same flat queue.
+    w2 = World()
+    d2 = Downstream(10, [1], P, 0.0)
+    w2.check(d2, 0.0, HIGH + 1_000_000)
+    assert [s.k for s in w2.check(d2, 2.0, HIGH + 1_000_000 + noise)] == [2]
+
+
+def test_flat_queue_holds_a_flat_queue_near_the_hard_bound_is_stepped() -> None:
+    params = StepwiseParams(step=0.5, high_mark=HIGH, low_mark=LOW, sensitivity=2.0, rate_floor=1.0,
+                            flat_queue_holds=True, hard_bound=2 * HIGH)
+    w = World(params)
+    d = Downstream(10, [1], params, 0.0)
+    w.check(d, 0.0, 2 * HIGH - 1)                # at the bound: the upstream may be waiting on it
+    assert [s.k for s in w.check(d, 2.0, 2 * HIGH - 1)] == [2]
+
+
+def test_release_window_and_flat_queue_holds_come_from_the_config() -> None:
+    from topo.config import resolve
+    default = StepwiseParams.from_config(resolve({}))
+    assert default.light_window == default.sensitivity and not default.flat_queue_holds
+    p = StepwiseParams.from_config(resolve({"backpressure.release_window_ms": 50,
+                                            "backpressure.flat_queue_holds": True, "queue.high_mark": "64KB",
+                                            "queue.low_mark": "16KB", "queue.hard_bound": "96KB"}))
+    assert p.light_window == 0.05 and p.flat_queue_holds and p.hard_bound == 96_000
+    with pytest.raises(ValueError, match="release_window"):
+        StepwiseParams(release_window=-1.0)

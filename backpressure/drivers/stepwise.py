@@ -48,7 +48,8 @@ class StepwiseFlowControl:
         self.params = params
         self.coordinator = coordinator
         self.clock = clock
-        self.period = period if period is not None else min(0.25, max(0.005, params.sensitivity / 8))
+        self.period = period if period is not None else min(
+            0.25, max(0.005, min(params.sensitivity, params.light_window) / 8))
         self.heartbeat = heartbeat if heartbeat is not None else min(1.0, params.sensitivity)
         # A state that vanished and came back within ``grace`` was a session expiry, not
         # a stopped task: its holds are kept, so an expiry does not make rates blink.

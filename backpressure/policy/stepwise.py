@@ -104,6 +104,20 @@ recovery, or a capacity that keeps falling, still moves in whole steps. An overl
 that comes back within ``originv_memory`` of the end of an episode continues it
 (a reversal: half the last step) instead of starting over with a whole step.
 ``n = 1`` is the document exactly.
+
+Two more settings (off in the document)
+---------------------------------------
+* ``release_window``: the low mark must hold this long (instead of ``sensitivity``)
+  before each release, so the rate comes back sooner once an overload ends (scenario
+  (e) of the overload matrix: a capacity that drops and recovers). An unacknowledged
+  release is looked for at that cadence too, so the next step up is not left to the
+  next ``sensitivity`` check.
+* ``flat_queue_holds``: a queue over the high mark that has not risen since this
+  task's last step (by more than 1/32 of the high mark: a batch or two) and is under
+  halfway from the high mark to the hard bound is not stepped again, as if it were
+  falling: the rate in force matches the capacity, and the document's further step
+  would idle the bottleneck (scenario (d): a burst held at the high mark). Nearer the
+  bound an upstream may be waiting on the queue, so a flat queue there proves nothing.
 """
 from __future__ import annotations
 
@@ -132,6 +146,9 @@ class StepwiseParams:
     originv_memory: float = 6.0         # seconds after an episode in which its originv still stands
     originv_hold: float = 0.0           # seconds the limit stays at exactly originv after the last release
     queue_smoothing: float = 0.0        # time constant (s) of the queue level the marks are read on (0: raw)
+    release_window: float = 0.0         # seconds the low mark must hold for a release (0: sensitivity)
+    flat_queue_holds: bool = False      # a queue over the high mark that stopped growing is not stepped again
+    hard_bound: int | None = None       # queue bytes at which emit waits (None: 2 x high_mark)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.step < 1.0:
@@ -140,8 +157,23 @@ class StepwiseParams:
             raise ValueError("low_mark must be below high_mark")
         if self.sensitivity <= 0 or self.rate_floor <= 0 or self.resend_factor <= 0:
             raise ValueError("sensitivity, rate_floor and resend_factor must be > 0")
-        if self.fine_steps < 1 or min(self.originv_memory, self.originv_hold, self.queue_smoothing) < 0:
-            raise ValueError("fine_steps must be >= 1; originv_memory, originv_hold, queue_smoothing >= 0")
+        if self.fine_steps < 1 or min(self.originv_memory, self.originv_hold, self.queue_smoothing,
+                                      self.release_window) < 0:
+            raise ValueError("fine_steps must be >= 1; originv_memory, originv_hold, queue_smoothing, "
+                             "release_window >= 0")
+
+    @property
+    def light_window(self) -> float:
+        """How long the low mark must hold before a release: ``sensitivity`` unless ``release_window`` is set."""
+        return self.release_window or self.sensitivity
+
+    def stopped_growing(self, before: float, now_bytes: float) -> bool:
+        """``flat_queue_holds``: the queue is less than 1/32 of the high mark (a batch or two) over
+        ``before`` (its level at the last step or check), and in the lower half between the high mark and
+        the hard bound (nearer the bound an upstream may be waiting on it: a queue that cannot grow proves
+        nothing)."""
+        bound = self.hard_bound if self.hard_bound is not None else 2 * self.high_mark
+        return now_bytes <= before + self.high_mark / 32 and now_bytes < (self.high_mark + bound) / 2
 
     @property
     def resend_after(self) -> float:
@@ -156,7 +188,10 @@ class StepwiseParams:
                    fine_steps=int(config.get("backpressure.fine_steps", 1)),
                    originv_memory=float(config.get("backpressure.originv_memory_ms", 6000.0)) / 1000.0,
                    originv_hold=float(config.get("backpressure.originv_hold_ms", 0.0)) / 1000.0,
-                   queue_smoothing=float(config.get("backpressure.queue_smoothing_ms", 0.0)) / 1000.0)
+                   queue_smoothing=float(config.get("backpressure.queue_smoothing_ms", 0.0)) / 1000.0,
+                   release_window=float(config.get("backpressure.release_window_ms", 0.0)) / 1000.0,
+                   flat_queue_holds=bool(config.get("backpressure.flat_queue_holds", False)),
+                   hard_bound=None if config.get("queue.hard_bound") is None else int(config["queue.hard_bound"]))
 
 
 def scaled_rate(originv: float, step: float, k: int, fine_steps: int) -> float:
@@ -208,6 +243,7 @@ class Downstream:
         self.level = NORMAL
         self.last_check = now
         self.last_bytes: float | None = None  # queue level at the previous periodic check
+        self.step_level: float | None = None  # queue level at this task's last step down (flat_queue_holds)
         self.low_since: float | None = None
         self.retry_at: float | None = None    # an overloaded check that could not act: retry from then
         self.blocked: set[int] = set()
@@ -233,9 +269,11 @@ class Downstream:
         if queue_bytes <= p.low_mark:
             if self.low_since is None:
                 self.low_since = now
-            elif now - self.low_since >= p.sensitivity and self.holds \
-                    and any(u not in self.pending for u in self.holds):
-                return True       # the low mark held for sensitivity: release now
+            elif now - self.low_since >= p.light_window and self.holds:
+                if any(u not in self.pending for u in self.holds):
+                    return True   # the low mark held for the light window: release now
+                if now - self.last_check >= p.light_window:
+                    return True   # a release is unacknowledged: look for its acknowledgement
         else:
             self.low_since = None
             if queue_bytes >= p.high_mark:
@@ -260,7 +298,11 @@ class Downstream:
             self._ack_or_resend(u, view(u) or _NO_VIEW, now, out)
         over = queue_bytes >= p.high_mark
         retry = over and self.level == OVERLOADED and now - self.last_check < p.sensitivity
+        # The rate in force is working: the backlog fell (or, under flat_queue_holds, stopped growing).
         draining = self.last_bytes is not None and queue_bytes < self.last_bytes
+        if p.flat_queue_holds and self.step_level is not None:
+            # Since our last step the queue rose no further: the rate in force matches the capacity.
+            draining = draining or p.stopped_growing(max(self.step_level, self.last_bytes or 0.0), queue_bytes)
         if not retry:
             self.last_check = now
             self.last_bytes = queue_bytes
@@ -283,7 +325,8 @@ class Downstream:
                 if draining and (v.k > 0 or self.holds.get(u, 0) > 0):
                     continue  # the rate in force is working: the backlog is falling
                 out.append(self._move(u, BACKPRESSURE, now))
-        elif self.low_since is not None and now - self.low_since >= p.sensitivity:
+                self.step_level = queue_bytes
+        elif self.low_since is not None and now - self.low_since >= p.light_window:
             self.level = LIGHT
             self.blocked, self.retry_at = set(), None
             released = False
@@ -296,6 +339,7 @@ class Downstream:
                     self.ended_at.setdefault(u, now)
             if released:
                 self.low_since = now      # each further step up needs a fresh light window
+                self.step_level = None
         else:
             self.level = NORMAL
             self.blocked, self.retry_at = set(), None
