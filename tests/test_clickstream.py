@@ -1,40 +1,20 @@
 """configs/clickstream.yaml run by ``topo run``: the table equals counts computed from the file."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from test_events_per_minute import expected_from_the_file  # the same rule: 10 s, newest click
 from topo.sinks import read_table
 
 ROOT = Path(__file__).resolve().parents[1]
-LATENESS = 10
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def expected_from_the_file(path: Path) -> tuple[Counter[tuple[str, int]], int]:
-    """Clicks per (user, minute start) without a topology: a click is late when its minute
-    ended at or before the newest click seen before it minus the allowed lateness."""
-    counts: Counter[tuple[str, int]] = Counter()
-    newest, late = float("-inf"), 0
-    for line in path.read_text().splitlines():
-        e = json.loads(line)
-        if e["type"] != "click":
-            continue
-        start = e["ts"] // 60 * 60
-        if start + 60 <= newest - LATENESS:
-            late += 1
-        else:
-            counts[(e["user"], start)] += 1
-        newest = max(newest, e["ts"])
-    return counts, late
 
 
 def test_the_shipped_data_file_is_what_its_script_makes(tmp_path: Path) -> None:
