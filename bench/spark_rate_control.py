@@ -1,40 +1,59 @@
-"""Document 001's experiment on the Spark engine: fixed cap vs DStream PID vs doc 001.
+"""Document 001's experiment on the Spark engine: fixed cap vs DStream PID vs doc 001,
+on a steady bursty source and on one whose capacity drops halfway through each run.
 
-Setup, as in the document (figure 9 and 10), scaled to the machine:
+Setup, as in the document (figures 9 and 10), scaled to the machine:
 
 * a bursty synthetic source: ``per_period`` records in the first half of every 10 s
   period and none in the second (the document's 600,000 records; ``--per-period``);
 * a 1 s trigger; one stateless bolt whose work is linear in the record (a Python hash
   over the payload, 16..256 characters, ``--work`` rounds per character);
-* the same topology and source run once per controller: ``fixed`` (a static cap at
-  the measured capacity, Spark's ``maxRatePerPartition``), ``pid`` (Spark's DStream
+* the controllers, each run on the same topology and source: ``fixed`` (a static cap,
+  Spark's ``maxRatePerPartition`` / ``maxOffsetsPerTrigger``, set as a user sets it:
+  at the capacity measured before the run), ``pid`` (Spark's DStream
   ``PIDRateEstimator`` rules) and ``doc001`` (document 001's controller), on one
   shared ``local[2]`` session after a warm-up run.
 
-The document's source is sized against its cluster (the burst exceeds Spark's
-average processing rate, the average does not); here ``calibrate`` measures the
-rate this machine sustains with one-interval batches first (``calibrate``) and,
-unless ``--per-period`` is given, sizes the burst at ``burst_factor`` (1.6) times it,
-so the backlog a burst builds drains in the quiet half (the average is 0.8 times
-capacity).
+Two scenarios, run in the same process with every controller interleaved:
 
-Reported per controller, over every repeat: mean and p95 scheduling delay (derived
-from trigger times, ``runtime.spark.listener``) and mean and p95 processing time per
-batch, both over the batches after the warm-up (the first burst's ramp from slow
-start); throughput (source rows processed / run time, whole runs), the fraction of
-the offered rows processed, and rows still waiting at the end of each run.
-``main()`` writes ``bench/results/spark_rate_control.json`` and one PNG per
-controller (``spark_rate_control_<name>.png``: scheduling delay, processing time,
-rows and cap per batch against the source's rate). The document: 106.18 ms ->
-62.89 ms mean scheduling delay (0.59x); the goal here is doc001 <= 0.6x of pid's
-mean with no loss of throughput.
+* ``steady``: the bursty source above;
+* ``capacity_drop``: the same source, but the per-row work doubles halfway through
+  each run (``--drop-factor``), so the capacity halves under a running query and the
+  ``fixed`` cap, set from the capacity measured before, is twice too high.
+
+The document's source is sized against its cluster (the burst exceeds the average
+processing rate, the average does not); here ``calibrate`` measures the rate this
+machine sustains with one-interval batches and, unless ``--per-period`` is given,
+sizes the burst at ``burst_factor`` (1.6) times it, so the backlog a burst builds
+drains in the quiet half (the average is 0.8 times capacity).
+
+**Repeats until the figures hold.** Rounds of runs (every scenario x controller, in
+an order rotated each round, since the machine's load drifts) are added until every
+controller's 95% confidence half-width of its mean scheduling delay over the repeats
+is under ``--target-ci`` (20%) of that mean, or until ``--time-cap`` seconds have
+passed (then the output and the JSON say which did not get there).
+
+Reported per scenario and controller (``scenarios.<s>.summary.<controller>``): mean,
+ci95 and p95 scheduling delay (derived from trigger times, ``runtime.spark.listener``)
+and processing time, over the batches after the warm-up (the first burst's ramp from
+slow start); throughput (source rows processed / run time, whole runs), the fraction of
+the offered rows processed, and rows still waiting at the end. ``capacity_drop`` also
+has ``after_drop``: the same figures over the batches that started after the drop.
+``main()`` writes ``bench/results/spark_rate_control.json`` and one PNG per scenario
+(``spark_rate_control_<scenario>.png``: every controller's scheduling delay and batch
+size over time on shared axes). The document: 106.18 ms -> 62.89 ms mean scheduling
+delay (0.59x); the goals here: doc001 <= 0.6x pid's mean in both scenarios, <= 0.3x
+fixed's after the drop, throughput within 5% of the best controller.
 """
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import math
+import os
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -44,26 +63,37 @@ from topo.topology import Topology, TopologyBuilder
 
 RESULTS = Path(__file__).parent / "results"
 CONTROLLERS = ("fixed", "pid", "doc001")
+SCENARIOS = ("steady", "capacity_drop")
+# Two-sided 95% Student t quantiles by degrees of freedom (1..30); 1.96 beyond.
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+        2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+        2.045, 2.042)
 
 
 class LinearWork(Bolt):
-    """Work linear in the record: ``rounds`` passes of a multiplicative hash per character."""
+    """Work linear in the record: ``rounds`` passes of a multiplicative hash per character,
+    ``rounds * factor`` from the wall-clock time ``slow_from`` on (the capacity drop;
+    Spark runs the bolt in its Python workers, so the switch is a time, not a call)."""
 
     outputs: list[str] = []
 
-    def __init__(self, rounds: int = 1) -> None:
+    def __init__(self, rounds: int = 1, factor: int = 1, slow_from: float = math.inf) -> None:
         self.rounds = rounds
+        self.factor = factor
+        self.slow_from = slow_from
 
     def execute(self, tup: Tuple) -> None:
+        rounds = self.rounds * self.factor if time.time() >= self.slow_from else self.rounds
         h = 0
-        data = tup[1].encode() * self.rounds
+        data = tup[1].encode() * rounds
         for b in data:
             h = (h * 31 + b) & 0xFFFFFFFF
         self.last = h
 
 
 def topology(per_period: int, rounds: int, partitions: int, total: int | None = None,
-             profile: str = "bursty", rate: float = 0.0) -> Topology:
+             profile: str = "bursty", rate: float = 0.0, factor: int = 1,
+             slow_from: float = math.inf) -> Topology:
     b = TopologyBuilder("spark-rate-control")
     if profile == "bursty":
         spout = SyntheticSpout("bursty", per_period=per_period, period=10.0, burst_fraction=0.5,
@@ -71,7 +101,7 @@ def topology(per_period: int, rounds: int, partitions: int, total: int | None = 
     else:
         spout = SyntheticSpout("constant", rate=rate, partitions=partitions, total=total)
     b.spout("source", spout)
-    b.bolt("work", LinearWork(rounds), 2).shuffle("source")
+    b.bolt("work", LinearWork(rounds, factor, slow_from), 2).shuffle("source")
     return b.build()
 
 
@@ -112,35 +142,55 @@ def calibrate(spark: Any, rounds: int, partitions: int, interval_ms: float, seco
     return max(c * (interval_s - a) / interval_s, 1000.0)
 
 
-def run_controller(spark: Any, name: str, per_period: int, rounds: int, partitions: int, duration: float,
-                   capacity: float, interval_ms: float, warmup: float) -> dict[str, Any]:
+def run_controller(spark: Any, name: str, scenario: str, per_period: int, rounds: int, partitions: int,
+                   duration: float, capacity: float, interval_ms: float, warmup: float,
+                   drop_factor: int) -> dict[str, Any]:
     """One run; figures over the batches after ``warmup`` seconds (the first burst's ramp)."""
     from runtime.spark import engine
 
     cfg = base_config(interval_ms) | {"spark.rate_control": name}
     if name == "fixed":
         cfg["spark.max_rate_per_partition"] = capacity / partitions
-    result = engine.run(topology(per_period, rounds, partitions), cfg, spark=spark, duration=duration)
+    drop_at = time.time() + duration / 2 if scenario == "capacity_drop" else math.inf
+    topo = topology(per_period, rounds, partitions, factor=drop_factor, slow_from=drop_at)
+    result = engine.run(topo, cfg, spark=spark, duration=duration)
     first = min((b.submit for b in result.batches), default=0.0)
     kept = [b for b in result.batches if b.start >= first + warmup]
     offered = Bursty(per_period).count_at(result.elapsed)
-    return {"batches": [b.as_dict() for b in result.batches], "kept": kept, "elapsed_s": result.elapsed,
-            "rows": result.input_rows, "offered": offered, "window_s": max(result.elapsed - warmup, 1e-9),
-            "backlog_rows": max(0, offered - result.input_rows)}
+    run = {"batches": [b.as_dict() for b in result.batches], "kept": kept, "elapsed_s": result.elapsed,
+           "rows": result.input_rows, "offered": offered, "window_s": max(result.elapsed - warmup, 1e-9),
+           "backlog_rows": max(0, offered - result.input_rows), "first_submit": first}
+    if scenario == "capacity_drop":
+        after = [b for b in kept if b.start >= drop_at]
+        last_end = max((b.end for b in result.batches), default=drop_at)
+        run |= {"drop_at_s": drop_at - first, "after_drop": after,
+                "after_drop_window_s": max(last_end - drop_at, 1e-9)}
+    return run
 
 
-def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Figures over the kept batches of every repeat of one controller."""
+def ci95(values: Sequence[float]) -> float:
+    """Half-width of the 95% confidence interval of the mean of ``values`` (Student t)."""
+    n = len(values)
+    if n < 2:
+        return math.inf
+    t = T975[n - 2] if n - 1 <= len(T975) else 1.96
+    return t * statistics.stdev(values) / math.sqrt(n)
+
+
+def aggregate(runs: list[dict[str, Any]], part: str = "kept", window: str = "window_s") -> dict[str, Any]:
+    """Figures over the ``part`` batches of every repeat of one controller; the ci95 is
+    over the repeats' own means."""
     from runtime.spark.engine import summarize
 
-    kept = [b for r in runs for b in r["kept"]]
-    out = summarize(kept, sum(r["window_s"] for r in runs))
-    # Throughput over whole runs: rows processed / run time (a window would count the
-    # backlog the warm-up left behind as throughput of the window).
-    out["throughput_rows_per_s"] = sum(r["rows"] for r in runs) / sum(r["elapsed_s"] for r in runs)
-    out["processed_fraction_of_offered"] = sum(r["rows"] for r in runs) / max(1, sum(r["offered"] for r in runs))
+    kept = [b for r in runs for b in r[part]]
+    out = summarize(kept, sum(r[window] for r in runs))
+    if part == "kept":
+        # Throughput over whole runs: rows processed / run time (a window would count the
+        # backlog the warm-up left behind as throughput of the window).
+        out["throughput_rows_per_s"] = sum(r["rows"] for r in runs) / sum(r["elapsed_s"] for r in runs)
+        out["processed_fraction_of_offered"] = sum(r["rows"] for r in runs) / max(1, sum(r["offered"] for r in runs))
+        out["backlog_rows_at_end"] = [r["backlog_rows"] for r in runs]
     del out["input_rows"], out["elapsed_s"]
-    out["backlog_rows_at_end"] = [r["backlog_rows"] for r in runs]
     cases: dict[str, int] = {}
     for b in kept:
         case = b.case_by_source.get("source")
@@ -148,58 +198,138 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
             cases[str(case)] = cases.get(str(case), 0) + 1
     if cases:
         out["doc001_cases"] = dict(sorted(cases.items()))
-    out["per_run_scheduling_delay_mean_ms"] = [summarize(r["kept"], r["window_s"])["scheduling_delay_mean_ms"]
-                                               for r in runs]
+    per_run = [summarize(r[part], r[window])["scheduling_delay_mean_ms"] for r in runs]
+    out["per_run_scheduling_delay_mean_ms"] = per_run
+    out["repeats"] = len(runs)
+    # The mean of the run means (each run weighs the same), and its 95% half-width.
+    out["scheduling_delay_mean_over_batches_ms"] = out["scheduling_delay_mean_ms"]
+    out["scheduling_delay_mean_ms"] = statistics.fmean(per_run) if per_run else 0.0
+    out["scheduling_delay_ci95_ms"] = ci95(per_run) if len(per_run) >= 2 else None
     return out
 
 
-def plot(name: str, run: dict[str, Any], summary: dict[str, Any], per_period: int, path: Path) -> None:
+def unsettled(summaries: dict[str, dict[str, dict[str, Any]]], target: float) -> list[str]:
+    """``scenario/controller`` pairs whose ci95 is not yet under ``target`` x their mean."""
+    out = []
+    for scenario, by_controller in summaries.items():
+        for name, s in by_controller.items():
+            half = s.get("scheduling_delay_ci95_ms")
+            if half is None or not half < target * s["scheduling_delay_mean_ms"]:
+                out.append(f"{scenario}/{name}")
+    return out
+
+
+def goals(scenarios: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The issue's goals, each with its measured ratio and whether it holds."""
+    out: dict[str, Any] = {}
+
+    def ratio(a: float, b: float) -> float | None:
+        return a / b if b else None
+
+    for scenario, data in scenarios.items():
+        s = data["summary"]
+        if not {"doc001", "pid"} <= set(s):
+            continue
+        r = ratio(s["doc001"]["scheduling_delay_mean_ms"], s["pid"]["scheduling_delay_mean_ms"])
+        out[f"{scenario}: doc001 / pid mean scheduling delay <= 0.6"] = {"ratio": r, "met": r is not None and r <= 0.6}
+        best = max(x["throughput_rows_per_s"] for x in s.values())
+        t = ratio(s["doc001"]["throughput_rows_per_s"], best)
+        out[f"{scenario}: doc001 throughput >= 0.95 x best"] = {"ratio": t, "met": t is not None and t >= 0.95}
+        after = data.get("after_drop")
+        if after and {"doc001", "fixed"} <= set(after):
+            r = ratio(after["doc001"]["scheduling_delay_mean_ms"], after["fixed"]["scheduling_delay_mean_ms"])
+            out[f"{scenario}: doc001 / fixed mean scheduling delay after the drop <= 0.3"] = {
+                "ratio": r, "met": r is not None and r <= 0.3}
+    return out
+
+
+def plot(scenario: str, runs: dict[str, dict[str, Any]], summaries: dict[str, Any], path: Path) -> None:
+    """Every controller's scheduling delay and batch size over time, on shared axes."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    batches = run["batches"]
-    if not batches:
-        return
-    t0 = min(b["submit"] for b in batches)
-    t = [b["start"] - t0 for b in batches]
-    fig, axes = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
-    axes[0].bar(t, [1000 * b["scheduling_delay"] for b in batches], width=0.8, color="tab:red")
+    fig, axes = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
+    colours = {"fixed": "tab:grey", "pid": "tab:blue", "doc001": "tab:red"}
+    for name, run in runs.items():
+        batches = run["batches"]
+        if not batches:
+            continue
+        t0 = run["first_submit"]
+        t = [b["start"] - t0 for b in batches]
+        s = summaries[name]
+        label = f"{name} (mean {s['scheduling_delay_mean_ms']:.0f} ms over all repeats)"
+        c = colours.get(name)
+        axes[0].plot(t, [1000 * b["scheduling_delay"] for b in batches], marker=".", color=c, label=label)
+        axes[1].plot(t, [b["rows"] for b in batches], marker=".", color=c, label=name)
+        if "drop_at_s" in run:
+            for ax in axes:
+                ax.axvline(run["drop_at_s"], color=c, linestyle=":", linewidth=0.8)
     axes[0].set_ylabel("scheduling delay (ms)")
-    axes[1].plot(t, [1000 * b["processing_time"] for b in batches], marker=".", color="tab:blue")
-    axes[1].axhline(1000, color="grey", linestyle="--", linewidth=0.8)
-    axes[1].set_ylabel("processing time (ms)")
-    axes[2].plot(t, [b["rows"] for b in batches], marker=".", label="rows in batch")
-    caps = [b["cap_by_source"].get("source") for b in batches]
-    axes[2].plot(t, [c if c is not None else float("nan") for c in caps], linestyle="--", label="cap (rows/s)")
-    axes[2].set_ylabel("rows")
-    axes[2].set_xlabel("seconds since first submission")
-    axes[2].legend(loc="upper right")
-    s = summary
-    fig.suptitle(f"{name}: mean sdelay {s['scheduling_delay_mean_ms']:.1f} ms, p95 {s['scheduling_delay_p95_ms']:.0f} ms, "
-                 f"{s['throughput_rows_per_s']:.0f} rows/s (burst {per_period} per 10 s)")
+    axes[0].legend(loc="upper left")
+    axes[1].set_ylabel("rows in batch")
+    axes[1].set_xlabel("seconds since first submission (first repeat of each controller)")
+    title = f"{scenario}: scheduling delay and batch size per batch"
+    if scenario == "capacity_drop":
+        title += " (dotted: per-row work doubles)"
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true",
+                   help="CI-sized: 20 s runs, 5 s warm-up, 2 repeats, 4 min cap (figures will not hold)")
     p.add_argument("--duration", type=float, default=40.0, help="seconds per controller run")
     p.add_argument("--per-period", type=int, default=0, help="records per 10 s period; 0 = calibrate")
     p.add_argument("--burst-factor", type=float, default=1.6, help="burst rate / measured capacity")
     p.add_argument("--work", type=int, default=1, help="hash rounds per payload character")
+    p.add_argument("--drop-factor", type=int, default=2, help="capacity_drop: the work is multiplied by this")
     p.add_argument("--partitions", type=int, default=2)
     p.add_argument("--interval-ms", type=float, default=1000.0)
     p.add_argument("--warmup", type=float, default=10.0, help="seconds of each run left out of the figures")
-    p.add_argument("--repeats", type=int, default=4, help="runs per controller, interleaved")
+    p.add_argument("--min-repeats", type=int, default=3, help="runs per scenario x controller before stopping")
+    p.add_argument("--max-repeats", type=int, default=50)
+    p.add_argument("--target-ci", type=float, default=0.2, help="stop when every ci95 < this x its mean")
+    p.add_argument("--time-cap", type=float, default=2400.0, help="seconds: no new round starts after this")
     p.add_argument("--controllers", default=",".join(CONTROLLERS))
+    p.add_argument("--scenarios", default=",".join(SCENARIOS))
     p.add_argument("--master", default="local[2]")
     a = p.parse_args(list(argv or []))
+    if a.quick:
+        a.duration, a.warmup, a.min_repeats, a.max_repeats, a.time_cap = 20.0, 5.0, 2, 2, 240.0
+    for name in a.controllers.split(","):
+        if name not in CONTROLLERS:
+            p.error(f"--controllers: unknown controller {name!r}; expected some of {', '.join(CONTROLLERS)}")
+    for name in a.scenarios.split(","):
+        if name not in SCENARIOS:
+            p.error(f"--scenarios: unknown scenario {name!r}; expected some of {', '.join(SCENARIOS)}")
+    return a
 
+
+def summarize_all(runs: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for scenario, by_controller in runs.items():
+        out[scenario] = {"summary": {n: aggregate(rs) for n, rs in by_controller.items()}}
+        if scenario == "capacity_drop":
+            out[scenario]["after_drop"] = {n: aggregate(rs, "after_drop", "after_drop_window_s")
+                                           for n, rs in by_controller.items()}
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    a = parse_args(argv)
     from runtime.spark.session import get_session
 
+    began = time.time()
+    load_start = os.getloadavg()
+    names, scenarios = a.controllers.split(","), a.scenarios.split(",")
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {s: {n: [] for n in names} for s in scenarios}
+    pairs = [(s, n) for s in scenarios for n in names]
+    stop_reason = "max_repeats"
     spark = get_session(a.master, shuffle_partitions=2, log_level="ERROR")
     try:
         calibrate(spark, a.work, a.partitions, a.interval_ms, seconds=8.0)     # warm-up: Python workers
@@ -207,40 +337,83 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         per_period = a.per_period or int(capacity * a.burst_factor * 5.0)
         print(f"capacity ~{capacity:.0f} rows/s; bursty source: {per_period} records in the first 5 s of every 10 s",
               flush=True)
-        names = a.controllers.split(",")
-        runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
-        for r in range(a.repeats):
-            order = names[r % len(names):] + names[:r % len(names)]   # rotate: the machine's load drifts
-            for name in order:
-                run = run_controller(spark, name, per_period, a.work, a.partitions, a.duration, capacity,
-                                     a.interval_ms, a.warmup)
-                runs[name].append(run)
-                print(name, r, json.dumps(aggregate([run])), flush=True)
+        round_started = time.time()
+        for r in range(a.max_repeats):
+            k = r % len(pairs)
+            for scenario, name in pairs[k:] + pairs[:k]:   # rotate: the machine's load drifts
+                run = run_controller(spark, name, scenario, per_period, a.work, a.partitions, a.duration,
+                                     capacity, a.interval_ms, a.warmup, a.drop_factor)
+                runs[scenario][name].append(run)
+                print(f"{scenario} {name} #{r}: mean sdelay {aggregate([run])['scheduling_delay_mean_ms']:.1f} ms",
+                      flush=True)
+            now = time.time()
+            round_s, round_started = now - round_started, now
+            if r + 1 < a.min_repeats:
+                continue
+            left = unsettled({s: d["summary"] for s, d in summarize_all(runs).items()}, a.target_ci)
+            if not left:
+                stop_reason = "converged"
+                break
+            if now - began + round_s > a.time_cap:
+                stop_reason = "time_cap"
+                break
+            print(f"round {r + 1}: ci95 not yet under {a.target_ci:.0%} of the mean for {', '.join(left)}",
+                  flush=True)
     finally:
         spark.stop()
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    summaries = {n: aggregate(rs) for n, rs in runs.items()}
+    out_scenarios = summarize_all(runs)
+    left = unsettled({s: d["summary"] for s, d in out_scenarios.items()}, a.target_ci)
+    if stop_reason == "converged":
+        verdict = f"every ci95 under {a.target_ci:.0%} of its mean"
+    else:
+        verdict = (f"stopped by the {'time cap' if stop_reason == 'time_cap' else 'repeat cap'} "
+                   f"({a.time_cap:.0f} s / {a.max_repeats} repeats): ci95 not under {a.target_ci:.0%} "
+                   f"of the mean for {', '.join(left)}")
+    print(verdict, flush=True)
+    for scenario, data in out_scenarios.items():
+        data["batches"] = {n: [r["batches"] for r in rs] for n, rs in runs[scenario].items()}
     out: dict[str, Any] = {
-        "setup": {"duration_s": a.duration, "warmup_s": a.warmup, "repeats": a.repeats, "per_period": per_period,
+        "machine": {"cores": os.cpu_count(), "load_average_1_5_15_at_start": list(load_start),
+                    "load_average_1_5_15_at_end": list(os.getloadavg()), "nice": os.nice(0),
+                    "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+                    "wall_time_s": time.time() - began},
+        "setup": {"quick": a.quick, "duration_s": a.duration, "warmup_s": a.warmup, "per_period": per_period,
                   "period_s": 10.0, "burst_fraction": 0.5, "interval_ms": a.interval_ms, "work_rounds": a.work,
-                  "partitions": a.partitions, "master": a.master, "measured_capacity_rows_per_s": capacity},
-        "summary": summaries,
-        "batches": {n: [r["batches"] for r in rs] for n, rs in runs.items()},
+                  "drop_factor": a.drop_factor, "partitions": a.partitions, "master": a.master,
+                  "measured_capacity_rows_per_s": capacity, "target_ci95_fraction": a.target_ci,
+                  "time_cap_s": a.time_cap, "min_repeats": a.min_repeats, "max_repeats": a.max_repeats},
+        "stopped": {"reason": stop_reason, "repeats": min(len(rs) for d in runs.values() for rs in d.values()),
+                    "ci95_not_under_target": left, "verdict": verdict},
+        "goals": goals(out_scenarios),
+        "document": {"pid_ms": 106.18, "doc001_ms": 62.89, "ratio": 62.89 / 106.18},
+        "scenarios": out_scenarios,
     }
-    if "pid" in summaries and "doc001" in summaries:
-        pid, doc = summaries["pid"], summaries["doc001"]
-        out["doc001_vs_pid"] = {
-            "mean_scheduling_delay_ratio": (doc["scheduling_delay_mean_ms"] / pid["scheduling_delay_mean_ms"]
-                                            if pid["scheduling_delay_mean_ms"] else None),
-            "throughput_ratio": (doc["throughput_rows_per_s"] / pid["throughput_rows_per_s"]
-                                 if pid["throughput_rows_per_s"] else None),
-            "document": {"pid_ms": 106.18, "doc001_ms": 62.89, "ratio": 62.89 / 106.18},
-        }
-    (RESULTS / "spark_rate_control.json").write_text(json.dumps(out, indent=2))
-    for name, rs in runs.items():
-        plot(name, rs[0], summaries[name], per_period, RESULTS / f"spark_rate_control_{name}.png")
-    print(json.dumps(out.get("doc001_vs_pid"), indent=2))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "spark_rate_control.json").write_text(json.dumps(out, indent=1))
+    for scenario in scenarios:
+        plot(scenario, {n: rs[0] for n, rs in runs[scenario].items() if rs}, out_scenarios[scenario]["summary"],
+             RESULTS / f"spark_rate_control_{scenario}.png")
+    print(table(out), flush=True)
     return out
+
+
+def table(out: dict[str, Any]) -> str:
+    """The figures as the text table BENCHMARKS.md shows."""
+    lines = []
+    for scenario, data in out["scenarios"].items():
+        parts = [("summary", "after the warm-up")] + ([("after_drop", "after the drop")] if "after_drop" in data else [])
+        for part, what in parts:
+            lines.append(f"{scenario}, {what}: controller | mean sdelay ms (ci95) | p95 ms | rows/s | repeats")
+            for name, s in data[part].items():
+                half = s["scheduling_delay_ci95_ms"]
+                lines.append(f"  {name} | {s['scheduling_delay_mean_ms']:.1f} "
+                             f"(+-{half if half is not None else float('nan'):.1f}) | "
+                             f"{s['scheduling_delay_p95_ms']:.0f} | {s['throughput_rows_per_s']:.0f} | {s['repeats']}")
+    for goal, g in out["goals"].items():
+        r = g["ratio"]
+        lines.append(f"{goal}: {'nan' if r is None else f'{r:.2f}'} -> {'met' if g['met'] else 'NOT met'}")
+    lines.append(out["stopped"]["verdict"])
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,82 @@
+"""The Spark rate-control bench's summary code: the ci95 over repeats, the stop rule and
+the goals (on hand-made batch records; the bench's Spark runs are not repeated here)."""
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import bench.spark_rate_control as bench  # noqa: E402
+from runtime.spark.listener import BatchRecord  # noqa: E402
+
+
+def record(start: float, delay: float, rows: int = 1000, proc: float = 0.8) -> BatchRecord:
+    return BatchRecord(0, start - delay, start, start + proc, proc, delay, rows, {"source": rows},
+                       {"source": 2000.0}, {"source": 1})
+
+
+def run(delays_ms: list[float], rows: int = 1000, drop_at: float | None = None) -> dict:
+    kept = [record(float(i), d / 1000, rows) for i, d in enumerate(delays_ms)]
+    out = {"batches": [b.as_dict() for b in kept], "kept": kept, "elapsed_s": float(len(kept)),
+           "rows": rows * len(kept), "offered": rows * len(kept), "window_s": float(len(kept)),
+           "backlog_rows": 0, "first_submit": 0.0}
+    if drop_at is not None:
+        out |= {"drop_at_s": drop_at, "after_drop": [b for b in kept if b.start >= drop_at],
+                "after_drop_window_s": len(kept) - drop_at}
+    return out
+
+
+def test_ci95_is_the_student_t_half_width_of_the_mean():
+    values = [10.0, 12.0, 14.0, 20.0]
+    expected = 3.182 * statistics.stdev(values) / math.sqrt(4)      # t(0.975, 3 df)
+    assert bench.ci95(values) == pytest.approx(expected)
+    assert bench.ci95([5.0]) == math.inf
+    assert bench.ci95([5.0] * 40) == 0.0                             # beyond the table: 1.96 x 0
+
+
+def test_aggregate_takes_the_mean_and_ci95_over_the_repeats_own_means():
+    runs = [run([0, 20]), run([40, 60]), run([10, 10, 10, 10])]       # run means 10, 50, 10
+    s = bench.aggregate(runs)
+    assert s["per_run_scheduling_delay_mean_ms"] == pytest.approx([10, 50, 10])
+    assert s["scheduling_delay_mean_ms"] == pytest.approx(70 / 3)
+    assert s["scheduling_delay_mean_over_batches_ms"] == pytest.approx(160 / 8)
+    assert s["scheduling_delay_ci95_ms"] == pytest.approx(bench.ci95([10, 50, 10]))
+    assert s["repeats"] == 3 and s["throughput_rows_per_s"] == pytest.approx(1000)
+
+
+def test_the_stop_rule_names_every_pair_whose_ci95_is_not_under_the_target():
+    tight = bench.aggregate([run([100]), run([102]), run([98])])
+    loose = bench.aggregate([run([10]), run([100]), run([50])])
+    single = bench.aggregate([run([10])])
+    got = bench.unsettled({"steady": {"pid": tight, "fixed": loose}, "capacity_drop": {"doc001": single}}, 0.2)
+    assert got == ["steady/fixed", "capacity_drop/doc001"]
+    assert bench.unsettled({"steady": {"pid": tight}}, 0.2) == []
+
+
+def test_goals_compare_doc001_with_pid_and_after_the_drop_with_fixed():
+    scenarios = bench.summarize_all({
+        "steady": {"pid": [run([100, 100])], "doc001": [run([50, 50])], "fixed": [run([0, 0])]},
+        "capacity_drop": {"pid": [run([100, 100, 100], drop_at=1)], "doc001": [run([20, 20, 20], 990, drop_at=1)],
+                          "fixed": [run([0, 900, 900], drop_at=1)]},
+    })
+    assert scenarios["capacity_drop"]["after_drop"]["fixed"]["scheduling_delay_mean_ms"] == pytest.approx(900)
+    g = bench.goals(scenarios)
+    assert g["steady: doc001 / pid mean scheduling delay <= 0.6"] == {"ratio": 0.5, "met": True}
+    assert g["capacity_drop: doc001 / pid mean scheduling delay <= 0.6"]["ratio"] == pytest.approx(0.2)
+    assert g["capacity_drop: doc001 / fixed mean scheduling delay after the drop <= 0.3"] == {
+        "ratio": pytest.approx(20 / 900), "met": True}
+    assert g["capacity_drop: doc001 throughput >= 0.95 x best"]["ratio"] == pytest.approx(0.99)
+    text = bench.table({"scenarios": scenarios, "goals": g, "stopped": {"verdict": "converged"}})
+    assert "after the drop" in text and "NOT met" not in text
+
+
+def test_quick_and_bad_names():
+    a = bench.parse_args(["--quick"])
+    assert (a.duration, a.min_repeats, a.max_repeats) == (20.0, 2, 2)
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--controllers", "fixed,bogus"])
