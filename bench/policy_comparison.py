@@ -1,12 +1,15 @@
 """The overload matrix: every flow-control policy through seven kinds of overload.
 
 Each scenario is a small topology on the local engine, run for a few seconds under
-``none``, ``source_stop``, ``watermark`` and ``stepwise`` (plus ``stepwise`` with
-the settings of ``VARIANTS``), with acking off and on. Marks are small so every
+``none``, ``source_stop``, ``watermark``, ``stepwise``, ``window`` and ``adaptive``
+(plus ``stepwise`` with the settings of ``VARIANTS``), with acking off and on
+(``window`` needs acking: its acking-off cells are shown as not run). Marks are small so every
 policy acts many times per run: high 64 KB, low 16 KB, hard bound 128 KB,
 ``sensitivity`` 200 ms; the water-mark policy gets the same marks as fractions of
 the hard bound and checks every 200 ms, so the policies differ in their rules, not
-in their thresholds. Tuples carry about 120 bytes on the wire (a 100-byte pad).
+in their thresholds; ``adaptive`` likewise starts at those fractions and checks every
+200 ms, with a 2 s backpressure window (its autoscaling is decided but not carried
+out by the engine yet). Tuples carry about 120 bytes on the wire (a 100-byte pad).
 
 Scenarios (``C``: what the slow stage manages, tuples/s):
 
@@ -64,16 +67,20 @@ import uvloop
 
 from runtime.local.engine import LocalEngine
 from topo.api import Bolt, Spout, Tuple
-from topo.config import resolve
+from topo.config import ConfigError, resolve
 from topo.topology import TopologyBuilder
 
 RESULTS = Path(__file__).parent / "results"
-POLICIES = ("none", "source_stop", "watermark", "stepwise")
+POLICIES = ("none", "source_stop", "watermark", "stepwise", "window", "adaptive")
 # Named settings measured beside the document's default (see BENCHMARKS.md).
 VARIANTS: dict[str, dict[str, Any]] = {
     "stepwise+fine": {"backpressure.fine_steps": 8},
+    "stepwise+flat": {"backpressure.flat_queue_holds": True, "backpressure.release_window_ms": 50},
     "stepwise+tuned": {"backpressure.fine_steps": 8, "backpressure.originv_hold_ms": 10_000,
                        "backpressure.queue_smoothing_ms": 50},
+    "stepwise+all": {"backpressure.fine_steps": 8, "backpressure.originv_hold_ms": 10_000,
+                     "backpressure.queue_smoothing_ms": 50, "backpressure.flat_queue_holds": True,
+                     "backpressure.release_window_ms": 50},
 }
 SAMPLE_S = 0.05
 BIN_S = 0.25
@@ -81,7 +88,10 @@ PAD = "x" * 100
 BASE = {"queue.high_mark": "64KB", "queue.low_mark": "16KB", "queue.hard_bound": "128KB",
         "backpressure.sensitivity_ms": 200, "backpressure.step": 0.5, "drain_timeout_s": 30,
         "backpressure.water_mark.high": 0.5, "backpressure.water_mark.low": 0.125,
-        "backpressure.water_mark.check_interval_ms": 200}
+        "backpressure.water_mark.check_interval_ms": 200,
+        "backpressure.adaptive.high": 0.5, "backpressure.adaptive.high_min": 0.5,
+        "backpressure.adaptive.low": 0.125, "backpressure.adaptive.check_interval_ms": 200,
+        "backpressure.adaptive.window_ms": 2000}
 
 
 class Box:
@@ -317,9 +327,14 @@ def measure(keys: str, warmup: float, repeat: int, policies: tuple[str, ...]) ->
             for policy in policies:
                 n = repeat if policy == "stepwise" else 1
                 runs = []
-                for _ in range(n):
-                    print(f"  {key} {policy:<14} acking={'on' if acking else 'off'} ...", flush=True)
-                    runs.append(uvloop.run(run_cell(sc, policy, acking, warmup)))
+                try:
+                    for _ in range(n):
+                        print(f"  {key} {policy:<14} acking={'on' if acking else 'off'} ...", flush=True)
+                        runs.append(uvloop.run(run_cell(sc, policy, acking, warmup)))
+                except ConfigError as e:        # window without acking: a row that cannot run
+                    cells.append({"scenario": key, "title": sc.title, "policy": policy, "acking": acking,
+                                  "runs": [], "not_run": str(e)})
+                    continue
                 if policy == "none":
                     base = statistics.fmean(r["sink_tps"] for r in runs)
                 for r in runs:
@@ -327,7 +342,7 @@ def measure(keys: str, warmup: float, repeat: int, policies: tuple[str, ...]) ->
                 cells.append({"scenario": key, "title": sc.title, "policy": policy, "acking": acking,
                               "runs": runs, **_summary(runs)})
     for c in cells:                                    # fast branch against none's
-        if "fast_tps" in c:
+        if c.get("fast_tps") is not None:
             ref = next(x for x in cells if x["scenario"] == c["scenario"] and x["acking"] == c["acking"]
                        and x["policy"] == "none")
             c["fast_ratio"] = round(c["fast_tps"] / ref["fast_tps"], 3) if ref["fast_tps"] else None
@@ -359,6 +374,11 @@ def table(report: dict[str, Any]) -> str:
     head = "| s | acking | policy | lost | goodput | p50 ms | p99 ms | peak/bound | rate CoV | back s | fast |"
     rows = [head, "|---" * (head.count("|") - 1) + "|"]
     for c in report["cells"]:
+        if "not_run" in c:
+            rows.append(f"| {c['scenario']} | {'on' if c['acking'] else 'off'} | {c['policy']} | "
+                        f"cannot run: {c['not_run']} |" + " |" * 7)
+            continue
+
         def f(k: str, fmt: str = "{:.2f}") -> str:
             v = c.get(k)
             if v is None:
@@ -416,7 +436,7 @@ def plot(report: dict[str, Any], out_dir: Path) -> list[Path]:
     for key in sorted({c["scenario"] for c in report["cells"]}):
         fig, (ax_r, ax_q) = plt.subplots(2, 1, figsize=(8, 5), sharex=True)
         for c in report["cells"]:
-            if c["scenario"] != key or c["acking"]:
+            if c["scenario"] != key or c["acking"] or not c["runs"]:
                 continue
             s = c["runs"][0]["series"]
             t = [x[0] for x in s]
@@ -464,7 +484,7 @@ def main(argv: list[str] | None = None) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     plot(report, out_dir)
     for c in report["cells"]:
-        for r in c["runs"]:
+        for r in c.get("runs", []):
             r["series"] = r["series"][::2]        # keep the JSON small: 100 ms resolution
     name = "policy_comparison_quick.json" if args.quick else "policy_comparison.json"
     (out_dir / name).write_text(json.dumps(report, indent=1) + "\n")
