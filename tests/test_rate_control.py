@@ -208,9 +208,9 @@ def test_derivative_term_when_kd_set():
     run_batch(c, 1.0, 0.5, 1500)       # cap 2000, pr 3000, error = -1000
     # dError = (-1000 - -1000) / (1.5 - 0.5) = 0
     assert c.on_submit(2.0) == pytest.approx(3000)
-    run_batch(c, 2.0, 0.5, 1000)       # cap 3000, pr 2000, error = 1000
-    # dError = (1000 - (-1000)) / 1.0 = 2000 -> new = 3000 - 1000 - 0.5 * 2000
-    assert c.on_submit(3.0) == pytest.approx(1000)
+    run_batch(c, 2.0, 1.5, 3000)       # cap 3000, pr 2000, error = 1000 (a full batch)
+    # dError = (1000 - (-1000)) / (3.5 - 1.5) = 1000 -> new = 3000 - 1000 - 0.5 * 1000
+    assert c.on_submit(4.0) == pytest.approx(1500)
 
 
 # -- DStream PID (Spark's PIDRateEstimator) -------------------------------------------------------
@@ -259,3 +259,72 @@ def test_make_controller():
         make_controller("fixed", 1.0, 2)
     with pytest.raises(ValueError):
         make_controller("bogus", 1.0, 2)
+
+
+# -- the estimate of processing rate with a fixed cost per batch ------------------------------
+
+def fixed_cost_batches(c, sizes, a=0.4, marginal=100_000.0, t0=0.0):
+    """Batches that take ``a + n / marginal`` seconds, one per interval from ``t0``."""
+    t = t0
+    for n in sizes:
+        c.on_submit(t)
+        run_batch(c, t, a + n / marginal, n)
+        t += 1.0
+    return t
+
+
+def test_a_fast_batch_with_a_fixed_cost_raises_the_cap_to_the_rate_that_fills_the_interval():
+    # 0.4 s per batch whatever its size, then 100,000 rows/s: an interval holds 60,000 rows.
+    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500, min_rate=10)
+    t = fixed_cost_batches(c, [10_000, 20_000, 40_000])
+    # elements / t_proc would say 40,000 / 0.8 = 50,000 and leave each batch 0.2 s short.
+    assert c.on_submit(t) == pytest.approx(60_000)
+    assert c.fixed_cost() == pytest.approx(0.4)
+
+
+def test_after_a_capacity_drop_the_cut_accounts_for_the_fixed_cost():
+    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500, min_rate=10)
+    t = fixed_cost_batches(c, [20_000, 40_000, 60_000])
+    c.on_submit(t)
+    run_batch(c, t, 0.4 + 60_000 / 50_000, 60_000)      # the per-row work doubles: 1.6 s
+    # 60,000 / 1.6 = 37,500 would take 1.15 s; the rate that fills an interval is 30,000
+    # (hist: no wait). blockTime 0: case 1.
+    assert c.on_submit(t + 2.0) == pytest.approx(60_000 / 1.2 * 0.6)
+
+
+def test_without_batches_of_different_sizes_there_is_no_fixed_cost():
+    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500, min_rate=10)
+    fixed_cost_batches(c, [10_000, 10_000, 10_000])
+    assert c.fixed_cost() == 0.0
+    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500, min_rate=10)
+    fixed_cost_batches(c, [10_000, 20_000, 40_000], a=0.0)  # proportional: no fixed cost
+    assert c.fixed_cost() == pytest.approx(0.0, abs=1e-9)
+
+
+def test_the_fixed_cost_is_bounded_so_one_noisy_fit_cannot_collapse_the_cap():
+    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500, min_rate=10)
+    t = fixed_cost_batches(c, [10_000, 20_000, 30_000], a=0.9, marginal=1_000_000)
+    assert c.fixed_cost() == pytest.approx(0.5)              # at most half the interval
+    c.on_submit(t)
+    run_batch(c, t, 1.2, 1000)                               # overran: 1000 / 0.7 * 0.5
+    assert c.on_submit(t + 2.0) == pytest.approx(1000 / 0.7 * 0.5)
+    # and never more than half the batch's own processing time (0.3 s here), so a fast
+    # batch cannot divide by almost nothing
+    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500, min_rate=10)
+    t = fixed_cost_batches(c, [10_000, 20_000, 30_000], a=0.9, marginal=1_000_000)
+    c.on_submit(t)
+    run_batch(c, t, 0.3, 100_000)
+    assert c.on_submit(t + 1.0) == pytest.approx(100_000 / 0.15 * 0.85)
+
+
+# -- a batch that took all the source had ----------------------------------------------------------
+
+def test_an_underfilled_batch_that_finished_in_time_never_lowers_the_cap():
+    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500, min_rate=10)
+    t = fixed_cost_batches(c, [20_000, 40_000, 60_000])
+    cap = c.on_submit(t)                       # 50,000 rows/s (case 2: the cap batch 3 ran with)
+    run_batch(c, t, 0.45, 5_000)               # the quiet half: 5,000 rows were all there was
+    assert c.on_submit(t + 1.0) == pytest.approx(cap)
+    # a full batch still moves it
+    run_batch(c, t + 1.0, 0.4 + 60_000 / 50_000, 60_000)
+    assert c.on_submit(t + 3.0) < cap

@@ -68,6 +68,30 @@ Decisions where the document is silent (each has a test):
 * Before any batch has finished, and in case 3 before any batch has finished, the cap
   is the slow-start cap.
 
+Two changes to the document's rules (issue 18), each with a fake-clock test; with no
+fixed cost per batch and batches that fill their cap, the controller is the document's:
+
+* **The processing rate that fills an interval.** Formula (5), ``elemnumlast / t_proclast``,
+  is the rate that fills an interval only when a batch's time is proportional to its
+  size. On Spark a batch also pays a cost of its own, whatever its size (planning, task
+  launch, the Python workers: 0.2 to 0.5 s of a 1 s interval on the bench's machine). Then
+  a small fast batch understates what an interval holds (slow start climbs in many small
+  steps, and the backlog grows meanwhile) and an overrunning batch overstates it (the cut
+  after a capacity drop is too shallow, and the next batches overrun too). So the
+  controller fits ``t_proc = a + n / c`` by least squares over the (up to) eight finished
+  batches before the latest (``fixed_cost``: ``a``, kept to ``[0, t_interval / 2]``, 0
+  until two batches differ in size by 1.5x and the slope is positive), and formulas (2)
+  and (4) use ``fill_rate``: the latest batch's own marginal rate ``n / (t - a')`` times
+  the share of an interval left after the fixed cost, ``(t_interval - a') / t_interval``,
+  with ``a' = min(a, t / 2)`` so one small batch cannot divide by almost nothing. With
+  ``a = 0`` this is formula (5). Formula (8) keeps (5): a batch inside the window took
+  about ``t_interval``, where the two agree.
+* **A batch that took all the source had.** A batch that admitted under 90% of its cap
+  and finished within the interval says the source ran dry, not that the cap is too high;
+  in case 1 it never lowers the cap (the cap stays where it was for the next burst instead
+  of falling to the quiet half's trickle and climbing again). In case 3 the running batch
+  is late, so the rule does not apply.
+
 Spark's DStream PID (for comparison)
 ====================================
 
@@ -96,6 +120,9 @@ KI = 0.2
 KD = 0.0
 K_BLOCK = 0.3
 SPARK_MIN_RATE = 100.0
+FIT_BATCHES = 8           # finished batches the fixed-cost fit looks back over
+FIT_SIZE_SPREAD = 1.5     # the fit needs a batch this many times larger than another
+UNDERFILLED = 0.9         # a batch under this share of its cap took all the source had
 
 
 @dataclass(frozen=True)
@@ -184,6 +211,8 @@ class AdaptiveRateController:
         # Finished batches that carry a processing rate, newest last, with the cap each
         # was admitted with and its case-1 error.
         self._finished: deque[tuple[BatchInfo, float, float]] = deque(maxlen=3)
+        # (elements, processing time) of the finished batches, newest last, for the fit.
+        self._sizes: deque[tuple[int, float]] = deque(maxlen=FIT_BATCHES + 1)
         self._running_start: float | None = None
         self.last_case: int = 0   # 0 = slow start, else 1, 2 or 3 (for metrics and tests)
         self.rate: float = self.initial_rate
@@ -201,7 +230,8 @@ class AdaptiveRateController:
         if info.processing_rate <= 0:
             return
         cap = self._cap_at(info.start)
-        error = cap - info.processing_rate
+        self._sizes.append((info.elements, info.processing_time))
+        error = cap - self.fill_rate(info.elements, info.processing_time)
         self._finished.append((info, cap, error))
 
     def _cap_at(self, t: float) -> float:
@@ -211,6 +241,34 @@ class AdaptiveRateController:
             if when <= t + tolerance:
                 return cap
         return self.initial_rate
+
+    def fixed_cost(self) -> float:
+        """``a`` of ``t_proc = a + n / c`` over the finished batches before the latest
+        (seconds, in ``[0, t_interval / 2]``; 0 while the fit is not defined)."""
+        points = list(self._sizes)[:-1]
+        if len(points) < 2:
+            return 0.0
+        xs = [float(n) for n, _ in points]
+        ys = [t for _, t in points]
+        if max(xs) < FIT_SIZE_SPREAD * min(xs):
+            return 0.0
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+        if slope <= 0:
+            return 0.0
+        return min(max(0.0, my - slope * mx), self.t_interval / 2)
+
+    def fill_rate(self, elements: int, processing_time: float) -> float:
+        """Records per second that fill an interval, from one batch (module docstring);
+        formula (5) when there is no fixed cost."""
+        if elements <= 0 or processing_time <= 0:
+            return 0.0
+        a = min(self.fixed_cost(), processing_time / 2)
+        return elements / (processing_time - a) * (self.t_interval - a) / self.t_interval
+
+    def _underfilled(self, info: BatchInfo, cap: float) -> bool:
+        """The batch admitted under 90% of its cap and finished within the interval."""
+        return info.elements < UNDERFILLED * cap * self.t_interval and info.processing_time <= self.t_interval
 
     def _in_window(self, info: BatchInfo) -> bool:
         return self.t_interval - self.prelx <= info.processing_time <= self.t_interval
@@ -224,8 +282,9 @@ class AdaptiveRateController:
         """Formulas (1), (2), (4)-(7) on the latest finished batch."""
         last, latest_rate, _ = self._finished[-1]
         slowed = last.processing_time + self.k_block * block_time
-        error = latest_rate - last.elements / slowed
-        historical_error = (last.waiting_time + self.k_block * block_time) * last.processing_rate / self.t_interval
+        error = latest_rate - self.fill_rate(last.elements, slowed)
+        historical_error = ((last.waiting_time + self.k_block * block_time)
+                            * self.fill_rate(last.elements, last.processing_time) / self.t_interval)
         d_error = 0.0
         if len(self._finished) >= 2:
             prev, _, latest_error = self._finished[-2]
@@ -253,6 +312,8 @@ class AdaptiveRateController:
             else:
                 self.last_case = 1
                 rate = self.pid(0.0)
+                if self._underfilled(last, latest_rate):
+                    rate = max(rate, latest_rate)
         self._submissions.append((submit_time, rate))
         self.rate = rate
         return rate
