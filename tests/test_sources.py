@@ -6,11 +6,8 @@ import asyncio
 import hashlib
 import multiprocessing
 import pickle
-import shutil
-import socket
-import subprocess
 import time
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -105,38 +102,7 @@ def test_file_log_concurrent_producers(tmp_path):
 
 # -- Redis Streams log ---------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory) -> Iterator[str]:
-    exe = shutil.which("redis-server")
-    if exe is None:
-        pytest.skip("redis-server not installed")
-    port = free_port()
-    d = tmp_path_factory.mktemp("redis")
-    proc = subprocess.Popen([exe, "--bind", "127.0.0.1", "--port", str(port), "--dir", str(d),
-                             "--save", "", "--appendonly", "no"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        import redis
-        client = redis.Redis(host="127.0.0.1", port=port)
-        for _ in range(100):
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        else:
-            raise RuntimeError("redis-server did not start")
-        client.close()
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(10)
+from redis_server import redis_url  # noqa: E402,F401  (the fixture)
 
 
 def test_redis_log_contiguous_offsets(redis_url):

@@ -1,4 +1,4 @@
-"""Database sink bolts.
+"""Sink bolts: databases, files, stdout and Redis Streams.
 
 ``SQLiteSink`` and ``PostgresSink`` upsert each tuple as a row keyed by ``key_fields``:
 a replayed tuple rewrites the same row with the same values instead of adding one, so
@@ -12,13 +12,33 @@ when a checkpoint is durable they are written in one transaction together with a
 marker row ``(sink, checkpoint id)`` in ``_topo_commits`` (in the same database); a
 checkpoint whose marker is already there is not written again. After any crash and
 restart the table holds exactly what a crash-free run writes.
+
+``JsonLinesSink`` and ``CsvSink`` append one line per tuple to a file. Without
+checkpoints they write every ``flush_rows`` tuples, every ``flush_interval_s`` and at the
+end, and ack after the write: at-least-once (a crash between a write and its acks
+replays those tuples, whose lines are then written twice). With checkpoints they write
+a checkpoint's lines when it is durable and keep in the checkpoint the file's length
+before them; a restore truncates the file to that length and the lines are written
+again, so after any crash the file holds exactly what a crash-free run writes.
+
+``StdoutSink`` prints one JSON object per tuple (at-least-once: what is printed cannot
+be taken back). ``RedisStreamSink`` adds one entry per tuple to a Redis stream with
+``XADD`` (pipelined per flush, acked after the pipeline): at-least-once, with or without
+checkpoints (a replayed tuple is added again).
+
+Every sink declares the fields it reads (``input_fields``), so a topology whose input
+stream lacks one is refused at validation in one line naming the sink and the field.
 """
 from __future__ import annotations
 
 import contextlib
+import csv
+import io
+import json
 import os
 import re
 import sqlite3
+import sys
 import time
 import zlib
 from pathlib import Path
@@ -314,6 +334,235 @@ def _redact(text: str, dsn: str) -> str:
     if password:
         line = line.replace(str(password), "***")
     return line[:300]
+
+
+# -- line sinks: files, stdout, Redis Streams ---------------------------------------------------
+
+class _BatchSink(Bolt):
+    """What the line sinks share: rows buffered and written together (every ``flush_rows``
+    tuples, every ``flush_interval_s``, at the end), their tuples acked after the write."""
+
+    auto_ack = False
+
+    def __init__(self, fields: Sequence[str], flush_rows: int, flush_interval_s: float) -> None:
+        owner = type(self).__name__
+        self.fields = [str(f) for f in fields] if not isinstance(fields, str) else []
+        if not self.fields or len(set(self.fields)) != len(self.fields):
+            raise ValueError(f"{owner}: fields must be a list of distinct field names, got {fields!r}")
+        if not isinstance(flush_rows, int) or flush_rows < 1:
+            raise ValueError(f"{owner}: flush_rows must be an integer >= 1, got {flush_rows!r}")
+        if not isinstance(flush_interval_s, (int, float)) or flush_interval_s <= 0:
+            raise ValueError(f"{owner}: flush_interval_s must be > 0, got {flush_interval_s!r}")
+        self.input_fields = tuple(self.fields)   # checked against its input streams at validation
+        self.flush_rows = flush_rows
+        self.flush_interval_s = flush_interval_s
+        self.tick_interval_s = flush_interval_s
+        self._rows: list[list[Any]] = []
+        self._tuples: list[Tuple] = []
+        self._last_flush = 0.0
+
+    def _write(self, rows: list[list[Any]]) -> None:
+        raise NotImplementedError
+
+    def prepare(self, context: TaskContext, collector: Any) -> None:
+        super().prepare(context, collector)
+        self._last_flush = time.monotonic()
+
+    def execute(self, tup: Tuple) -> None:
+        self._rows.append([tup[f] for f in self.fields])
+        self._tuples.append(tup)
+        if len(self._rows) >= self.flush_rows:
+            self.flush()
+
+    def tick(self) -> None:
+        if self._tuples and time.monotonic() - self._last_flush >= self.flush_interval_s:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the buffered rows, then ack their tuples."""
+        if self._rows:
+            self._write(self._rows)
+        for t in self._tuples:
+            self.collector.ack(t)
+        self._rows = []
+        self._tuples.clear()
+        self._last_flush = time.monotonic()
+
+    def cleanup(self) -> None:
+        self.flush()
+
+
+def _json_line(fields: Sequence[str], row: Sequence[Any]) -> str:
+    return json.dumps(dict(zip(fields, row)), ensure_ascii=False, default=str) + "\n"
+
+
+class _FileSink(_BatchSink):
+    """A file of lines, appended to. With checkpoints, exact: see the module docstring."""
+
+    def __init__(self, path: str, fields: Sequence[str], flush_rows: int, flush_interval_s: float) -> None:
+        super().__init__(fields, flush_rows, flush_interval_s)
+        if not isinstance(path, str) or not path:
+            raise ValueError(f"{type(self).__name__}: path must be a file name, got {path!r}")
+        self.path = path
+        self.writes_to = {"path": path}          # checked to be writable before a run starts
+        self._file: Any = None
+        self._checkpointing = False
+        self._sealed: list[list[Any]] = []       # rows of checkpoints not yet written
+        self._file_path = path
+
+    def _encode(self, rows: list[list[Any]], at_start: bool) -> bytes:
+        raise NotImplementedError
+
+    def prepare(self, context: TaskContext, collector: Any) -> None:
+        owner = type(self).__name__
+        if "{task}" in self.path:
+            self._file_path = self.path.replace("{task}", str(context.task_index))
+        elif context.parallelism > 1:
+            raise ValueError(f"{owner}: path {self.path!r} would be written by {context.parallelism} tasks at "
+                             "once: put {task} in it (one file per task)")
+        Path(self._file_path).parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self._file_path, "ab", buffering=0)
+        self._checkpointing = context.config.get("checkpoint.interval_ms") is not None
+        super().prepare(context, collector)
+
+    def execute(self, tup: Tuple) -> None:
+        if self._checkpointing:     # the row is state now: written when its checkpoint is durable
+            self._rows.append([tup[f] for f in self.fields])
+            self.collector.ack(tup)
+            return
+        super().execute(tup)
+
+    def tick(self) -> None:
+        if not self._checkpointing:
+            super().tick()
+
+    def _size(self) -> int:
+        return os.fstat(self._file.fileno()).st_size
+
+    def _write(self, rows: list[list[Any]]) -> None:
+        self._file.write(self._encode(rows, self._size() == 0))
+
+    def snapshot_state(self) -> Any:
+        """Seal the rows since the last checkpoint, with the file's length before any of them."""
+        self._sealed.extend(self._rows)
+        self._rows = []
+        return {"sealed": self._sealed, "length": self._size()}
+
+    def restore_state(self, state: Any) -> None:
+        """Cut what was written after the checkpoint; its sealed rows are written again."""
+        length = int(state["length"])
+        size = self._size()
+        if size < length:
+            raise ValueError(f"{type(self).__name__}: {self._file_path} is {size} bytes, shorter than the "
+                             f"{length} bytes the checkpoint had written: it was changed outside the run")
+        self._file.truncate(length)
+        self._sealed = [list(r) for r in state["sealed"]]
+
+    def checkpoint_complete(self, checkpoint_id: int) -> None:
+        if self._checkpointing and self._sealed and self._file is not None:
+            self._write(self._sealed)
+            os.fsync(self._file.fileno())
+            self._sealed = []
+
+    def cleanup(self) -> None:
+        if self._file is None:
+            return
+        if not self._checkpointing:   # with checkpoints, rows past the last one are recomputed
+            self.flush()
+        self._file.close()
+        self._file = None
+
+
+class JsonLinesSink(_FileSink):
+    """One JSON object per tuple (``{field: value}`` for ``fields``) appended to ``path``
+    (``{task}`` in it is replaced by the task's index: needed with parallelism > 1)."""
+
+    def __init__(self, path: str, fields: Sequence[str], flush_rows: int = 1000,
+                 flush_interval_s: float = 0.25) -> None:
+        super().__init__(path, fields, flush_rows, flush_interval_s)
+
+    def _encode(self, rows: list[list[Any]], at_start: bool) -> bytes:
+        fields = self.fields
+        return "".join(_json_line(fields, r) for r in rows).encode("utf-8")
+
+
+class CsvSink(_FileSink):
+    """One CSV row per tuple appended to ``path``, after a header row of ``fields`` when the
+    file is empty (``{task}`` in ``path`` as for ``JsonLinesSink``)."""
+
+    def __init__(self, path: str, fields: Sequence[str], flush_rows: int = 1000,
+                 flush_interval_s: float = 0.25, delimiter: str = ",") -> None:
+        super().__init__(path, fields, flush_rows, flush_interval_s)
+        if not isinstance(delimiter, str) or len(delimiter) != 1:
+            raise ValueError(f"CsvSink: delimiter must be one character, got {delimiter!r}")
+        self.delimiter = delimiter
+
+    def _encode(self, rows: list[list[Any]], at_start: bool) -> bytes:
+        out = io.StringIO()
+        w = csv.writer(out, delimiter=self.delimiter, lineterminator="\n")
+        if at_start:
+            w.writerow(self.fields)
+        w.writerows(rows)
+        return out.getvalue().encode("utf-8")
+
+
+class StdoutSink(_BatchSink):
+    """Prints one JSON object per tuple (``{field: value}`` for ``fields``) on ``stream``
+    (``stdout`` or ``stderr``), a batch at a time. At-least-once."""
+
+    def __init__(self, fields: Sequence[str], stream: str = "stdout", flush_rows: int = 100,
+                 flush_interval_s: float = 0.25) -> None:
+        super().__init__(fields, flush_rows, flush_interval_s)
+        if stream not in ("stdout", "stderr"):
+            raise ValueError(f"StdoutSink: stream must be 'stdout' or 'stderr', got {stream!r}")
+        self.stream = stream
+
+    def _write(self, rows: list[list[Any]]) -> None:
+        out = getattr(sys, self.stream)
+        out.write("".join(_json_line(self.fields, r) for r in rows))
+        out.flush()
+
+
+class RedisStreamSink(_BatchSink):
+    """Adds one entry per tuple to the Redis stream ``stream`` at ``url`` with ``XADD``
+    (``*`` ids), each field's value JSON-encoded, so ``RedisStreamSpout`` reads back the
+    same values; ``maxlen`` trims the stream (approximately) as Redis's ``MAXLEN ~``.
+    A flush is one pipeline; its tuples are acked after it. At-least-once."""
+
+    def __init__(self, url: str, stream: str, fields: Sequence[str], maxlen: int | None = None,
+                 flush_rows: int = 500, flush_interval_s: float = 0.1) -> None:
+        super().__init__(fields, flush_rows, flush_interval_s)
+        if not isinstance(stream, str) or not stream:
+            raise ValueError(f"RedisStreamSink: stream must be a key name, got {stream!r}")
+        if maxlen is not None and (not isinstance(maxlen, int) or maxlen < 1):
+            raise ValueError(f"RedisStreamSink: maxlen must be an integer >= 1, got {maxlen!r}")
+        self.url = url
+        self.stream = stream
+        self.maxlen = maxlen
+        self._client: Any = None
+
+    def __repr__(self) -> str:          # never the URL: it may hold a password
+        return f"RedisStreamSink(stream={self.stream!r}, fields={self.fields})"
+
+    def prepare(self, context: TaskContext, collector: Any) -> None:
+        from topo.sources.redis_streams import connect
+
+        self._client = connect(self.url, "RedisStreamSink")
+        super().prepare(context, collector)
+
+    def _write(self, rows: list[list[Any]]) -> None:
+        pipe = self._client.pipeline(transaction=False)
+        fields = self.fields
+        for r in rows:
+            pipe.xadd(self.stream, {f: json.dumps(v, default=str) for f, v in zip(fields, r)},
+                      maxlen=self.maxlen, approximate=True)
+        pipe.execute()
+
+    def cleanup(self) -> None:
+        if self._client is not None:
+            self.flush()
+            self._client.close()
+            self._client = None
 
 
 def read_table(path: str, table: str) -> list[tuple[Any, ...]]:
