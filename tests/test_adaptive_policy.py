@@ -143,10 +143,23 @@ def test_a9_scale_in_when_quiet_for_a_cooldown_never_under_the_initial() -> None
     a = Autoscaler(AdaptiveParams(capacity=1, cooldown=30.0), {"b": 2})
     a.request_out("b", 0.0)
     assert a.consider_in("b", True, 10.0) is None       # too soon after the scale out
-    assert a.consider_in("b", False, 40.0) is None      # not quiet
-    d = a.consider_in("b", True, 40.0)
+    assert a.consider_in("b", False, 35.0) is None      # not quiet: the quiet spell starts over
+    assert a.consider_in("b", True, 40.0) is None       # quiet since 40 only
+    assert a.consider_in("b", True, 69.9) is None
+    d = a.consider_in("b", True, 70.0)
     assert d is not None and (d.kind, d.parallelism) == (SCALE_IN, 2)
-    assert a.consider_in("b", True, 100.0) is None      # back at the initial parallelism
+    assert a.consider_in("b", True, 200.0) is None      # back at the initial parallelism
+
+
+def test_a9_the_cooldown_runs_from_when_an_action_was_carried_out() -> None:
+    a = Autoscaler(AdaptiveParams(capacity=1, max_parallelism=8, cooldown=30.0), {"b": 2})
+    a.request_out("b", 0.0)
+    assert a.consider_in("b", True, 1.0) is None        # quiet while the rescale drains...
+    a.completed("b", 5.0)                               # ...the task runs from 5 s on
+    assert a.request_out("b", 34.9) is None             # cool-down from 5 s
+    assert a.consider_in("b", True, 6.0) is None        # quiet from 6 s: the spell before 5 s is gone
+    assert a.consider_in("b", True, 35.9) is None
+    assert a.consider_in("b", True, 36.0) is not None
 
 
 def test_a10_balancer_moves_share_from_the_fullest_to_the_emptiest() -> None:

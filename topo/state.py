@@ -23,7 +23,7 @@ fields.
 """
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from topo.api import Bolt, OutputCollector, TaskContext, Tuple
 
@@ -68,6 +68,19 @@ class KeyedBolt(Bolt):
 
     def restore_state(self, state: Any) -> None:
         self._states = {hashable_key(k): v for k, v in state}
+
+    def take_keys(self, leaving: Callable[[Any], bool]) -> list[tuple[Any, dict[str, Any]]]:
+        """Remove and return the keys (with their state) for which ``leaving(key)``: the
+        local engine moves a key group's state to its new task when it rescales."""
+        states = self._states
+        out = [(k, v) for k, v in states.items() if leaving(k)]
+        for k, _ in out:
+            del states[k]
+        return out
+
+    def give_keys(self, pairs: Iterable[tuple[Any, dict[str, Any]]]) -> None:
+        """Take over keys another task of this component held (the other half of ``take_keys``)."""
+        self._states.update(pairs)
 
     def keyed_state(self) -> Iterator[tuple[Any, dict[str, Any]]]:
         """(key, state) for every key this task holds (local engine; for tests and dumps)."""

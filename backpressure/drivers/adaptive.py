@@ -12,8 +12,11 @@ Glue, not policy (the rules are ``policy.adaptive``'s, A1-A10):
   its limit becomes ``coefficient x max rate`` (the rate it had before its first
   step), the limiter goes off at 1.0; it counts one signal received per change;
 * scale requests go through ``Autoscaler`` (max parallelism, cool-down, scale in)
-  to ``self.scaler`` (``seams.Scaler``) when the engine gave one; otherwise each
-  decision is logged and counted in ``counters`` and kept in ``decisions``;
+  to ``self.scaler`` (``seams.Scaler``) when the engine gave one (the local engine
+  does, in one process); otherwise each decision is logged and counted in
+  ``counters`` and kept in ``decisions``. One action per component at a time: while
+  one is carried out (adding a task to a fields-grouped component drains the
+  topology) no other is decided for it, and its cool-down restarts when it is done;
 * load balancing: per upstream task and downstream component a ``Balancer`` moves
   shares by water levels each check; they go to ``self.share_router``
   (``seams.ShareRouter``) when there is one, else they are counted.
@@ -55,6 +58,7 @@ class AdaptiveFlowControl:
         self._last_check = 0.0
         self._timer_task: asyncio.Task[None] | None = None
         self._pending: set[asyncio.Task[None]] = set()
+        self._scaling: set[str] = set()   # components with an action under way (a drain can take seconds)
 
     # --- FlowControl -------------------------------------------------------
     async def start(self, handles: Sequence[TaskHandle]) -> None:
@@ -117,9 +121,10 @@ class AdaptiveFlowControl:
             h.count_signal("received", BACKPRESSURE if ch.added else RELEASE)
             self._apply_rate(h, rc)
             for comp in ch.scale_out:
-                self._decided(self.autoscaler.request_out(comp, now))
+                if comp not in self._scaling:
+                    self._decided(self.autoscaler.request_out(comp, now))
         for comp, n in parallel.items():
-            if n > self.autoscaler.initial.get(comp, 1):
+            if n > self.autoscaler.initial.get(comp, 1) and comp not in self._scaling:
                 tasks = [t for t, h in self.handles.items() if h.component == comp]
                 ups = {u for t in tasks for u in self.handles[t].upstream_task_ids}
                 quiet = (not any(self.marks[t].flagged for t in tasks if t in self.marks)
@@ -152,45 +157,71 @@ class AdaptiveFlowControl:
             assert self.autoscaler is not None      # nothing changed: the count stays true
             self.autoscaler.parallelism[d.component] += -1 if d.kind == SCALE_OUT else 1
             return
+        self._scaling.add(d.component)
         t = asyncio.create_task(self._scale(d))
         self._pending.add(t)
         t.add_done_callback(self._pending.discard)
 
     async def _scale(self, d: ScaleDecision) -> None:
-        assert self.scaler is not None
+        try:
+            await self._carry_out(d)
+        finally:
+            self._scaling.discard(d.component)
+
+    async def _carry_out(self, d: ScaleDecision) -> None:
+        assert self.scaler is not None and self.autoscaler is not None
         if d.kind == SCALE_OUT:
             h = await self.scaler.add_task(d.component)
             if h is not None:
                 self._add(h)
-                self.counters["scale_applied"] += 1
+                self._carried_out(d)
                 return
         else:
             gone = await self.scaler.remove_task(d.component)
             if gone is not None:
                 self.forget(gone)
-                self.counters["scale_applied"] += 1
+                self._carried_out(d)
                 return
-        assert self.autoscaler is not None      # declined: the count goes back
+        # declined: the count goes back
         self.autoscaler.parallelism[d.component] += -1 if d.kind == SCALE_OUT else 1
 
+    def _carried_out(self, d: ScaleDecision) -> None:
+        """The engine did it (after a drain, perhaps): count it and restart the cool-down, so
+        queues a drain emptied are not read as the load gone (A9)."""
+        assert self.autoscaler is not None
+        self.counters["scale_applied"] += 1
+        self.autoscaler.completed(d.component, self.clock())
+
     def _add(self, h: TaskHandle) -> None:
+        """A task joins (at start, or added by the scaler): it and the tasks it feeds are linked."""
         self.handles[h.task_id] = h
         if not h.is_spout:
             self.marks[h.task_id] = TaskMarks(self.params)
         for up in h.upstream_task_ids:
-            self.downstream.setdefault(up, []).append(h.task_id)
-            self.coefficients.setdefault(up, RateCoefficient(self.params))
-            b = self.balancers.get((up, h.component))
-            if b is None:
-                self.balancers[(up, h.component)] = Balancer(self.params, [h.task_id])
-            else:
-                b.resize([*b.shares, h.task_id])
+            self._link(up, h)
+        for d in self.handles.values():            # a scaled-out upstream: its downstream tasks
+            if h.task_id in d.upstream_task_ids and d.task_id not in self.downstream.get(h.task_id, ()):
+                self._link(h.task_id, d)
         h.show(FlowDisplay())
 
+    def _link(self, up: int, h: TaskHandle) -> None:
+        self.downstream.setdefault(up, []).append(h.task_id)
+        self.coefficients.setdefault(up, RateCoefficient(self.params))
+        b = self.balancers.get((up, h.component))
+        if b is None:
+            self.balancers[(up, h.component)] = Balancer(self.params, [h.task_id])
+        else:
+            b.resize([*b.shares, h.task_id])
+
     def forget(self, task_id: int) -> None:
-        """A task is gone (scaled in, or died): its flag no longer holds its upstreams."""
+        """A task is gone (scaled in, or died): its flag no longer holds its upstreams, and
+        as an upstream it neither checks flags nor balances any more."""
         h = self.handles.pop(task_id, None)
         self.marks.pop(task_id, None)
+        self.downstream.pop(task_id, None)
+        self.coefficients.pop(task_id, None)
+        for key in [k for k in self.balancers if k[0] == task_id]:
+            del self.balancers[key]
         if h is None:
             return
         for up in h.upstream_task_ids:

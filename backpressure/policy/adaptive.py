@@ -65,8 +65,11 @@ Rules (each is a test in ``tests/test_adaptive_policy.py`` named after it)
   it below ``max_parallelism`` and outside the ``cooldown`` after its last action
   on that component.
 * **A9 scale in** (reconstruction: the document only adds): a component above its
-  initial parallelism with no task flagged, every upstream back at coefficient
-  1.0, for a whole ``cooldown`` since its last action, gives one task back.
+  initial parallelism that has been quiet (no task flagged, every upstream back at
+  coefficient 1.0) without a break for a whole ``cooldown``, and at least a
+  ``cooldown`` after its last action, gives one task back. The cool-down runs from
+  when an action was *carried out* (``completed``): adding a task to a fields-grouped
+  component drains the topology first, and a drained queue must not read as quiet.
 * **A10 load balancing** (S802-S806, fig. 9): an upstream takes ``balance_shift``
   of its share away from the downstream task with the largest level and splits
   it among those with the smallest (levels 0.5, 0.2, 0.2: the first loses, the
@@ -331,6 +334,7 @@ class Autoscaler:
     parallelism: dict[str, int] = field(default_factory=dict)
     last_action: dict[str, float] = field(default_factory=dict)
     decisions: list[ScaleDecision] = field(default_factory=list)
+    quiet_since: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for c, n in self.initial.items():
@@ -347,15 +351,26 @@ class Autoscaler:
         return self._decide(SCALE_OUT, component, n + 1, now)
 
     def consider_in(self, component: str, quiet: bool, now: float) -> ScaleDecision | None:
-        """``quiet``: no task of it flagged and all its upstreams at coefficient 1.0."""
+        """``quiet``: no task of it flagged and all its upstreams at coefficient 1.0 (now)."""
+        if not quiet:
+            self.quiet_since.pop(component, None)
+            return None
+        since = self.quiet_since.setdefault(component, now)
         n = self.parallelism.get(component, 1)
-        if not quiet or n <= self.initial.get(component, 1) or not self._cool(component, now):
+        if (n <= self.initial.get(component, 1) or not self._cool(component, now)
+                or now - since < self.params.cooldown - _EPS):
             return None
         return self._decide(SCALE_IN, component, n - 1, now)
+
+    def completed(self, component: str, now: float) -> None:
+        """An action was carried out (it may take a drain): the cool-down starts again."""
+        self.last_action[component] = now
+        self.quiet_since.pop(component, None)
 
     def _decide(self, kind: str, component: str, n: int, now: float) -> ScaleDecision:
         self.parallelism[component] = n
         self.last_action[component] = now
+        self.quiet_since.pop(component, None)
         d = ScaleDecision(kind, component, n, now)
         self.decisions.append(d)
         return d

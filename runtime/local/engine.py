@@ -19,10 +19,12 @@ import random
 import signal
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 from topo.api import Bolt, CheckpointError, ComponentError, FieldIndex, Spout, TaskContext
-from topo.config import ResolvedConfig, resolve
+from topo.config import ConfigError, ResolvedConfig, resolve
+from topo.groupings import FieldsGrouping, Router, key_group, spread_key_groups
+from topo.state import KeyedBolt
 from topo.topology import Topology
 from backpressure.seams import FlowControl
 from runtime.local.acker import Acker
@@ -101,6 +103,13 @@ class LocalEngine:
         self.spout_tasks: list[SpoutTask] = []
         self.bolt_tasks: list[BoltTask] = []
         self.tasks: list[SpoutTask | BoltTask] = []
+        # Autoscaling (seams.Scaler): routers per downstream component, canonical key-group
+        # owners of components fed by fields grouping, tasks taken out, runs of tasks added.
+        self._edges: dict[str, list[tuple[Outbox, Router]]] = {}
+        self.key_owners: dict[str, list[int]] = {}
+        self.retired: list[BoltTask] = []
+        self._bolt_runs: list[asyncio.Task[None]] = []
+        self._rescaling = asyncio.Lock()
         self._build()
         self.checkpointer: Checkpointer | None = self._make_checkpointer()
 
@@ -122,44 +131,70 @@ class LocalEngine:
             targets.update({tid: net.remote_queue(tid, bound) for c in topo.bolts for tid in ids[c.id]
                             if not net.local(tid)})
         self.targets = targets
-        all_tasks = frozenset(self.queues)     # local_or_shuffle prefers these
-        rng = random.Random(self.seed)
+        self._all_tasks = frozenset(self.queues)     # local_or_shuffle prefers these
+        self._route_rng = random.Random(self.seed)
+        self.scalable = self._scalable_components()
         for c in topo.components.values():
-            upstream = sorted({t for i in c.inputs for t in ids[i.source]})
             for index, tid in enumerate(ids[c.id]):
                 if net is not None and not net.local(tid):
                     continue
-                streams = {}
-                for stream, fields in c.outputs.items():
-                    fi = FieldIndex.of(fields)
-                    routers = [i.grouping.router(ids[d.id], fi, rng=rng, local_tasks=all_tasks, load=self)
-                               for d, i in topo.downstream(c.id) if i.stream == stream]
-                    streams[stream] = StreamRoutes(fi, routers)
-                wiring = TaskWiring(
-                    component=c.id, task_id=tid,
-                    context=TaskContext(topo.name, c.id, tid, index, c.parallelism, cfg,
-                                        {f"{i.source}:{i.stream}": tuple(ids[i.source]) for i in c.inputs}),
-                    outbox=Outbox(c.id, tid, streams, targets, cfg["batch.size"],
-                                  cfg["batch.flush_interval_ms"] / 1000.0),
-                    upstream_task_ids=upstream,
-                    stats=TaskStats(topo.name, c.id, tid, c.kind == "spout",
-                                    high_mark=cfg["queue.high_mark"], low_mark=cfg["queue.low_mark"],
-                                    hard_bound=cfg["queue.hard_bound"] if c.kind == "bolt" else 0,
-                                    upstream=tuple(upstream)),
-                    rng=random.Random(self.seed * 1_000_003 + tid if self.seed is not None else None),
-                    run=self.run_state, acker=self.acker, dead_letters=self.dead_letters,
-                    flow_poll=self.flow.poll)
-                instance = c.instance()
-                if c.kind == "spout":
-                    assert isinstance(instance, Spout)
-                    spout_task = SpoutTask(wiring, instance)
-                    self.spout_tasks.append(spout_task)
-                    self.tasks.append(spout_task)
-                else:
-                    assert isinstance(instance, Bolt)
-                    bolt_task = BoltTask(wiring, instance, self.queues[tid])
-                    self.bolt_tasks.append(bolt_task)
-                    self.tasks.append(bolt_task)
+                self._add_task_object(self._make_task(c, tid, index))
+        self._next_id = next_id
+        self._check_scaling()
+        for comp in self.scalable:
+            owners = [r.key_owners for _, r in self._edges.get(comp, ()) if r.key_owners is not None]
+            if owners:
+                self.key_owners[comp] = list(owners[0])
+
+    def _make_task(self, c: Any, tid: int, index: int) -> SpoutTask | BoltTask:
+        """One task of component ``c``, wired to the current tasks of its neighbours."""
+        cfg, topo, ids = self.config, self.topology, self.task_ids
+        upstream = sorted({t for i in c.inputs for t in ids[i.source]})
+        streams = {}
+        edges: list[tuple[str, Router]] = []
+        for stream, fields in c.outputs.items():
+            fi = FieldIndex.of(fields)
+            routers = []
+            for d, i in topo.downstream(c.id):
+                if i.stream != stream:
+                    continue
+                r = i.grouping.router(ids[d.id], fi, rng=self._route_rng, local_tasks=self._all_tasks,
+                                      load=self, scalable=d.id in self.scalable)
+                owners = self.key_owners.get(d.id)
+                if r.key_owners is not None and owners is not None and r.retarget is not None:
+                    r.retarget(ids[d.id], owners)    # a task added later routes keys as its siblings do
+                routers.append(r)
+                edges.append((d.id, r))
+            streams[stream] = StreamRoutes(fi, routers)
+        wiring = TaskWiring(
+            component=c.id, task_id=tid,
+            context=TaskContext(topo.name, c.id, tid, index, len(ids[c.id]), cfg,
+                                {f"{i.source}:{i.stream}": tuple(ids[i.source]) for i in c.inputs}),
+            outbox=Outbox(c.id, tid, streams, self.targets, cfg["batch.size"],
+                          cfg["batch.flush_interval_ms"] / 1000.0),
+            upstream_task_ids=upstream,
+            stats=TaskStats(topo.name, c.id, tid, c.kind == "spout",
+                            high_mark=cfg["queue.high_mark"], low_mark=cfg["queue.low_mark"],
+                            hard_bound=cfg["queue.hard_bound"] if c.kind == "bolt" else 0,
+                            upstream=tuple(upstream)),
+            rng=random.Random(self.seed * 1_000_003 + tid if self.seed is not None else None),
+            run=self.run_state, acker=self.acker, dead_letters=self.dead_letters,
+            flow_poll=self.flow.poll)
+        for d_id, r in edges:
+            self._edges.setdefault(d_id, []).append((wiring.outbox, r))
+        instance = c.instance()
+        if c.kind == "spout":
+            assert isinstance(instance, Spout)
+            return SpoutTask(wiring, instance)
+        assert isinstance(instance, Bolt)
+        return BoltTask(wiring, instance, self.queues[tid])
+
+    def _add_task_object(self, task: SpoutTask | BoltTask) -> None:
+        if isinstance(task, SpoutTask):
+            self.spout_tasks.append(task)
+        else:
+            self.bolt_tasks.append(task)
+        self.tasks.append(task)
 
     def _make_checkpointer(self) -> Checkpointer | None:
         """With ``checkpoint.interval_ms`` set: every spout must keep offsets; failed tuples
@@ -183,10 +218,240 @@ class LocalEngine:
         return Checkpointer(store, fingerprint, self.run_state, self.spout_tasks, self.bolt_tasks, self._quiescent,
                             interval_s=cfg["checkpoint.interval_ms"] / 1000.0, timeout_s=cfg["checkpoint.timeout_s"])
 
+    # --- autoscaling (seams.Scaler, document 004) ------------------------------
+    # A task is added or removed while the topology runs. Under shuffle-like, all and
+    # global groupings nothing needs to stop: the upstreams' routers take the new task
+    # at once, or stop routing to the leaving one, whose queue then drains before it
+    # stops. A component fed by fields grouping routes by key groups whose keyed state
+    # (KeyedBolt) must move with them, so there the whole topology pauses at a drained
+    # point (spouts hold, every queue and outbox empty), the groups and their state move
+    # in one synchronous step, and the spouts go on: exact, at the cost of one drain.
+
+    def _scalable_components(self) -> frozenset[str]:
+        """Bolts a flow control with a ``scaler`` may grow (one process only)."""
+        if not hasattr(self.flow, "scaler") or self.network is not None:
+            return frozenset()
+        top = self.config["backpressure.adaptive.max_parallelism"]
+        return frozenset(c.id for c in self.topology.bolts if top > c.parallelism)
+
+    def _keyed_inputs(self, component: str) -> list[FieldsGrouping]:
+        return [i.grouping for i in self.topology.components[component].inputs
+                if isinstance(i.grouping, FieldsGrouping)]
+
+    def _check_scaling(self) -> None:
+        """Refuse, in one line, what autoscaling could not keep exact."""
+        if not self.scalable:
+            return
+        key = "backpressure.adaptive.max_parallelism"
+        top = self.config[key]
+        if self.config["checkpoint.interval_ms"] is not None:
+            least = min(c.parallelism for c in self.topology.bolts)
+            raise ConfigError(key, top, f"autoscaling cannot run with checkpoints (a checkpoint holds a fixed "
+                                        f"set of tasks): set it to at most {least} or checkpoint.interval_ms: null")
+        first = {t.component: t.instance for t in reversed(self.tasks)}
+        for comp in sorted(self.scalable):
+            n = self.topology.components[comp].parallelism
+            for g in self._keyed_inputs(comp):
+                bolt = first[comp]
+                if not isinstance(bolt, KeyedBolt):
+                    raise ConfigError(key, top, f"bolt {comp!r} is fed by fields grouping on {list(g.fields)} but "
+                                                f"is not a KeyedBolt, so autoscaling could not move its state with "
+                                                f"its keys: make it a topo.state.KeyedBolt or set this to at most {n}")
+                if tuple(bolt.key_fields) != g.fields:
+                    raise ConfigError(key, top, f"bolt {comp!r} is grouped on {list(g.fields)} but its key_fields "
+                                                f"are {list(bolt.key_fields)}: autoscaling moves keys by the grouping "
+                                                f"fields, so they must be equal (or set this to at most {n})")
+
+    async def add_task(self, component: str) -> BoltTask | None:
+        """One more task of bolt ``component``, routed to by every upstream once it runs."""
+        if (component not in self.scalable or self.stopping
+                or len(self.task_ids[component]) >= self.config["backpressure.adaptive.max_parallelism"]):
+            return None
+        async with self._rescaling:
+            keyed = component in self.key_owners
+            if keyed and not await self._pause_drained():
+                return None
+            try:
+                return self._start_task(component)
+            finally:
+                if keyed:
+                    self._resume()
+
+    def _start_task(self, component: str) -> BoltTask | None:
+        c = self.topology.components[component]
+        tid = self._next_id
+        self._next_id += 1
+        self.task_ids[component].append(tid)
+        self.queues[tid] = self.targets[tid] = ByteQueue(self.config["queue.hard_bound"])
+        self._all_tasks = self._all_tasks | {tid}
+        task = self._make_task(c, tid, len(self.task_ids[component]) - 1)
+        assert isinstance(task, BoltTask)
+        try:
+            task.bolt.prepare(task.context, task.collector)
+        except Exception as exc:
+            log.warning("autoscaling: a new task of %r failed to prepare (%s: %s); not added",
+                        component, type(exc).__name__, exc)
+            self.task_ids[component].remove(tid)
+            del self.queues[tid], self.targets[tid]
+            self._forget_edges_of(task.outbox)
+            return None
+        self._retarget(component)
+        if component in self.key_owners:
+            self._move_keys(component, [*(b for b in self.bolt_tasks if b.component == component), task])
+        self._link_downstream(tid, component, add=True)
+        self._add_task_object(task)
+        run = asyncio.create_task(task.run(), name=f"{component}:{tid}")
+        self._bolt_runs.append(run)
+        log.info("autoscaling: %r now has %d tasks (task %d added)", component, len(self.task_ids[component]), tid)
+        return task
+
+    async def remove_task(self, component: str) -> int | None:
+        """Take the newest task of ``component`` out: upstreams stop routing to it, its
+        queue drains (with acking its trees complete), then it stops. None if declined."""
+        ids = self.task_ids.get(component, [])
+        if component not in self.scalable or self.stopping or len(ids) <= 1:
+            return None
+        async with self._rescaling:
+            victim = ids[-1]
+            task = next(b for b in self.bolt_tasks if b.task_id == victim)
+            keyed = component in self.key_owners
+            if keyed:
+                if not await self._pause_drained():
+                    return None
+                try:
+                    ids.remove(victim)
+                    self._retarget(component)
+                    self._move_keys(component, [b for b in self.bolt_tasks if b.component == component])
+                    await self._retire(task)
+                finally:
+                    self._resume()
+                return victim
+            ids.remove(victim)
+            self._retarget(component)
+            if not await self._drained_task(task):
+                ids.append(victim)       # it could not drain in time: it stays
+                self._retarget(component)
+                return None
+            await self._retire(task)
+            return victim
+
+    def _retarget(self, component: str) -> None:
+        """Every router into ``component`` switches to its current tasks (and key owners)."""
+        ids = self.task_ids[component]
+        owners = None
+        if component in self.key_owners:
+            owners = self.key_owners[component] = spread_key_groups(self.key_owners[component], ids)
+        for outbox, r in self._edges.get(component, ()):
+            if r.retarget is not None:
+                r.retarget(list(ids), owners)
+                outbox.retarget(r)
+
+    def _move_keys(self, component: str, tasks: Sequence[BoltTask]) -> None:
+        """Each key's state goes to its group's owner (the topology is drained: synchronous)."""
+        owners = self.key_owners[component]
+        bolts = {b.task_id: b.bolt for b in tasks}
+        moving: list[tuple[int, list[tuple[Any, dict[str, Any]]]]] = []
+        for tid, bolt in bolts.items():
+            assert isinstance(bolt, KeyedBolt)
+            moving.append((tid, bolt.take_keys(lambda k, tid=tid: owners[key_group(k)] != tid)))
+        n = 0
+        for _, pairs in moving:
+            for k, v in pairs:
+                bolts[owners[key_group(k)]].give_keys([(k, v)])   # type: ignore[attr-defined]
+                n += 1
+        log.info("autoscaling: %d keys of %r moved with their key groups", n, component)
+
+    def _link_downstream(self, tid: int, component: str, *, add: bool) -> None:
+        """Tasks fed by ``component`` list ``tid`` among their upstreams (or no longer)."""
+        fed = {d.id for d, _ in self.topology.downstream(component)}
+        for t in self.tasks:
+            if t.component in fed:
+                if add and tid not in t.upstream_task_ids:
+                    t.upstream_task_ids.append(tid)
+                elif not add and tid in t.upstream_task_ids:
+                    t.upstream_task_ids.remove(tid)
+                t.stats.upstream = tuple(t.upstream_task_ids)
+
+    def _forget_edges_of(self, outbox: Outbox) -> None:
+        for comp, edges in self._edges.items():
+            self._edges[comp] = [(o, r) for o, r in edges if o is not outbox]
+
+    async def _retire(self, task: BoltTask) -> None:
+        """Stop a drained task that no router sends to any more; its stats stay in the result."""
+        for run in self._bolt_runs:
+            if run.get_name() == f"{task.component}:{task.task_id}":
+                run.cancel()
+                await asyncio.gather(run, return_exceptions=True)
+        if task.outbox.pending_count:
+            await task.outbox.flush()
+        self._close_components([task])
+        self.bolt_tasks.remove(task)
+        self.tasks.remove(task)
+        self.retired.append(task)
+        del self.queues[task.task_id], self.targets[task.task_id]
+        self._all_tasks = self._all_tasks - {task.task_id}
+        self._forget_edges_of(task.outbox)
+        self._link_downstream(task.task_id, task.component, add=False)
+        log.info("autoscaling: %r now has %d tasks (task %d removed)", task.component,
+                 len(self.task_ids[task.component]), task.task_id)
+
+    def _motion(self) -> tuple[int, int] | None:
+        """None while a tuple is anywhere between an emit and the end of its execute;
+        otherwise the work counters, which must then stay still between two looks."""
+        for t in self.tasks:
+            if t.outbox.pending_count:
+                return None
+        for b in self.bolt_tasks:
+            if b.queue.count or not b.waiting:
+                return None
+        return sum(t.stats.emitted for t in self.tasks), sum(b.stats.executed for b in self.bolt_tasks)
+
+    async def _settle(self, still: Callable[[], Any]) -> bool:
+        """Wait until ``still()`` gives the same non-None mark twice in a row (a wake-up
+        already scheduled runs in between), within ``drain_timeout_s``."""
+        deadline = time.monotonic() + self.config["drain_timeout_s"]
+        last = None
+        while time.monotonic() < deadline and not self.stopping:
+            await asyncio.sleep(0.005)
+            mark = still()
+            if mark is not None and mark == last:
+                return True
+            last = mark
+        return False
+
+    async def _pause_drained(self) -> bool:
+        """Spouts hold at their next call boundary until everything in flight is processed."""
+        self.run_state.paused = True
+        if await self._settle(self._motion):
+            return True
+        self._resume()
+        log.warning("autoscaling: the topology did not drain within drain_timeout_s; not rescaled")
+        return False
+
+    def _resume(self) -> None:
+        self.run_state.paused = False
+        for s in self.spout_tasks:
+            s.wake()
+
+    async def _drained_task(self, task: BoltTask) -> bool:
+        """No upstream lane holds a tuple for ``task``, its queue is empty, it waits."""
+        tid = task.task_id
+
+        def still() -> tuple[int, int] | None:
+            for t in self.tasks:
+                lane = t.outbox.lanes.get(tid)
+                if lane is not None and lane.batch:
+                    return None
+            if task.queue.count or not task.waiting:
+                return None
+            return task.stats.executed, 0
+
+        return await self._settle(still)
+
     # --- views -----------------------------------------------------------------
     @property
     def stats(self) -> list[TaskStats]:
-        return [t.stats for t in self.tasks]
+        return [t.stats for t in self.tasks] + [t.stats for t in self.retired]
 
     @property
     def handles(self) -> list[SpoutTask | BoltTask]:
@@ -205,8 +470,8 @@ class LocalEngine:
         (shuffle-like edges only: a fields, all or global edge is never re-weighted)."""
         task = next((t for t in self.tasks if t.task_id == upstream_task_id), None)
         targets = self.task_ids.get(component)
-        if task is None or targets is None:
-            return False
+        if task is None or targets is None or set(shares) != set(targets):
+            return False       # (shares from before a rescale would starve a task they do not name)
         applied = False
         for routes in task.outbox.streams.values():
             for router in routes.routers:
@@ -226,13 +491,7 @@ class LocalEngine:
         self.run_state.request_stop(reason)
 
     def _quiescent(self) -> bool:
-        for t in self.tasks:
-            if t.outbox.pending_count:
-                return False
-        for b in self.bolt_tasks:
-            if b.queue.count or not b.waiting:
-                return False
-        return not any(s.pending for s in self.spout_tasks)
+        return self._motion() is not None and not any(s.pending for s in self.spout_tasks)
 
     async def _sample(self) -> None:
         """Every ``_SAMPLE_PERIOD_S``: stats gauges, Storm tick markers, acker timeouts."""
@@ -281,6 +540,8 @@ class LocalEngine:
                                          acker.fail if acker is not None else (lambda r, why: None))
             if hasattr(self.flow, "share_router"):    # a flow control that balances load (004)
                 self.flow.share_router = self
+            if self.scalable:                         # and one that scales components (004)
+                self.flow.scaler = self  # type: ignore[attr-defined]
             await self.flow.start(self.tasks)
         except BaseException:     # a refused claim, an unreachable ZooKeeper, a bad checkpoint
             self._close_components(self.tasks)
@@ -295,7 +556,8 @@ class LocalEngine:
                 loop.add_signal_handler(sig, self._on_signal)
         sampler = asyncio.create_task(self._sample(), name="sampler")
         spouts = [asyncio.create_task(t.run(), name=f"{t.component}:{t.task_id}") for t in self.spout_tasks]
-        bolts = [asyncio.create_task(t.run(), name=f"{t.component}:{t.task_id}") for t in self.bolt_tasks]
+        bolts = self._bolt_runs     # autoscaling appends the runs of tasks it adds
+        bolts.extend(asyncio.create_task(t.run(), name=f"{t.component}:{t.task_id}") for t in self.bolt_tasks)
         timer = loop.call_later(duration, self.request_stop, "duration") if duration else None
         checkpoints = (asyncio.create_task(self.checkpointer.loop(), name="checkpoints")
                        if self.checkpointer is not None else None)
@@ -425,7 +687,7 @@ class LocalEngine:
             while any(not t.done() for t in spouts) and not self.stopping:
                 done, _ = await asyncio.wait(watch | {stop_wait}, return_when=asyncio.FIRST_COMPLETED)
                 for d in done:
-                    if d in watch and d.exception() is not None:
+                    if d in watch and not d.cancelled() and d.exception() is not None:
                         raise d.exception()  # a programming error in a component (e.g. unencodable tuple)
                 watch -= done
         finally:
