@@ -102,7 +102,7 @@ def test_file_log_concurrent_producers(tmp_path):
 
 # -- Redis Streams log ---------------------------------------------------------------------------
 
-from redis_server import redis_url  # noqa: E402,F401  (the fixture)
+from redis_server import free_port, redis_url  # noqa: E402,F401  (the fixture; free_port for other tests)
 
 
 def test_redis_log_contiguous_offsets(redis_url):
