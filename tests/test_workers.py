@@ -149,12 +149,14 @@ def test_stepwise_signals_cross_workers_through_the_coordinator(request: pytest.
 
 
 def test_what_cannot_run_in_workers_is_one_line() -> None:
-    b = TopologyBuilder("x", {"backpressure.policy": "source_stop"})
+    b = TopologyBuilder("x", {"backpressure.policy": "adaptive"})
     b.spout("numbers", Numbers(1))
     b.bolt("pass", Pass()).shuffle("numbers")
     t = b.build()
-    with pytest.raises(TopologyError, match="'source_stop' works within one process only"):
+    with pytest.raises(TopologyError, match="'adaptive' works within one process only"):
         check_shippable(t, resolve(t.config, {}))
+    for policy in ("source_stop", "watermark"):          # these cross workers now
+        check_shippable(t, resolve(t.config, {"backpressure.policy": policy}))
 
     class Local(Pass):
         pass

@@ -13,6 +13,12 @@ from backpressure.seams import FlowControl, NoFlowControl
 # Not a setting (``resolve`` refuses it): the Unix socket of the embedded coordinator that
 # a worker supervisor serves; it puts this into the config it hands each of its workers.
 SERVED_SOCKET = "_coordinator.socket"
+# Not a setting either: set by the supervisor in each worker's config, so a flow control
+# that decides over the whole topology (source_stop, watermark) knows it is one worker of
+# several and what the whole graph is: component -> (is a spout, task ids, its inputs).
+WORKER_GRAPH = "_workers.graph"
+# The policies whose decisions cross worker processes through a coordinator.
+ACROSS_WORKERS = ("stepwise", "source_stop", "watermark")
 
 
 def make_coordinator(config: Mapping[str, Any], topology_name: str) -> Any:
@@ -43,10 +49,11 @@ def make_coordinator(config: Mapping[str, Any], topology_name: str) -> Any:
 
 
 def serve_coordinator(config: Mapping[str, Any], directory: str) -> tuple[Any, dict[str, Any]]:
-    """For a supervisor of worker processes: with stepwise on the embedded coordinator, serve
-    one tree on a Unix socket in ``directory`` (a thread of this process; ``stop()`` ends it)
-    and return it with what to add to each worker's config; otherwise ``(None, {})``."""
-    if (config.get("backpressure.policy", "stepwise") != "stepwise"
+    """For a supervisor of worker processes: with a policy of ``ACROSS_WORKERS`` on the embedded
+    coordinator, serve one tree on a Unix socket in ``directory`` (a thread of this process;
+    ``stop()`` ends it) and return it with what to add to each worker's config; otherwise
+    ``(None, {})``."""
+    if (config.get("backpressure.policy", "stepwise") not in ACROSS_WORKERS
             or str(config.get("coordinator", "embedded")) != "embedded"):
         return None, {}
     import os
@@ -55,6 +62,12 @@ def serve_coordinator(config: Mapping[str, Any], directory: str) -> tuple[Any, d
 
     path = os.path.join(directory, SOCKET_NAME)
     return serve_in_thread(path), {SERVED_SOCKET: path}
+
+
+def _across(config: Mapping[str, Any], topology_name: str) -> Any:
+    """In a worker process (the config carries ``WORKER_GRAPH``): the coordinator the
+    workers share; in a single process: None (the policy decides in process)."""
+    return make_coordinator(config, topology_name) if config.get(WORKER_GRAPH) else None
 
 
 def make_flow_control(config: Mapping[str, Any], topology_name: str) -> FlowControl:
@@ -71,12 +84,15 @@ def make_flow_control(config: Mapping[str, Any], topology_name: str) -> FlowCont
         from backpressure.policy.source_stop import SourceStopParams
         from backpressure.drivers.source_stop import SourceStopFlowControl
 
-        return SourceStopFlowControl(SourceStopParams.from_config(config))
+        return SourceStopFlowControl(SourceStopParams.from_config(config), coordinator=_across(config, topology_name))
     if policy == "watermark":
         from backpressure.policy.watermark import WaterMarkParams
         from backpressure.drivers.watermark import WatermarkFlowControl
 
-        return WatermarkFlowControl(WaterMarkParams.from_config(config))
+        graph = config.get(WORKER_GRAPH)
+        return WatermarkFlowControl(WaterMarkParams.from_config(config), coordinator=_across(config, topology_name),
+                                    graph={c: (bool(s), list(t), list(i)) for c, (s, t, i) in graph.items()}
+                                    if graph else None)
     if policy == "adaptive":
         from backpressure.policy.adaptive import AdaptiveParams
         from backpressure.drivers.adaptive import AdaptiveFlowControl

@@ -29,8 +29,16 @@ supervisor serves one embedded tree on a Unix socket in its temporary directory
 and each worker's config carries the socket's path under the private key
 ``factory.SERVED_SOCKET``, so ``make_coordinator`` gives the worker a session on it. A
 worker's session ends with its connection, so a killed worker's task states and claims
-vanish as they would from ZooKeeper. ``source_stop`` and ``watermark`` are refused with
-workers.
+vanish as they would from ZooKeeper. ``source_stop`` and ``watermark`` cross workers the
+same way: each worker's config also carries the topology's graph under
+``factory.WORKER_GRAPH`` (no worker sees every component), and their drivers share task
+states through the coordinator (``backpressure.drivers.shared_states``).
+
+The console and the status file (``topo status``) of a run in workers: the supervisor
+runs those services itself, in a thread with its own event loop, over a ``WorkersView``
+of every task of every worker. While a service runs, the supervisor's report request
+asks for the tasks' snapshots too (every ``records_every`` seconds); the final frame is
+made from the workers' final stats. Each record carries its ``worker``.
 
 Metrics: with ``metrics.port`` set, worker ``i`` serves its own exporter on
 ``metrics.port + i`` (``metrics.host``), every series labelled ``worker="<i>"``.
@@ -43,15 +51,16 @@ import multiprocessing as mp
 import pickle
 import signal
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from topo.config import ResolvedConfig, resolve
-from backpressure.drivers.factory import serve_coordinator
+from backpressure.drivers.factory import WORKER_GRAPH, serve_coordinator
 from topo.topology import Topology, TopologyError
 from runtime.local.engine import LocalEngine, RunResult
 from runtime.local.placement import place
@@ -63,7 +72,7 @@ log = logging.getLogger("topo.workers")
 
 _POLL_S = 0.02
 _REPLY_TIMEOUT_S = 5.0
-_IN_PROCESS_POLICIES = ("source_stop", "watermark", "adaptive", "window")
+_IN_PROCESS_POLICIES = ("adaptive", "window")
 
 
 def check_shippable(topology: Topology, config: dict[str, Any]) -> None:
@@ -71,7 +80,8 @@ def check_shippable(topology: Topology, config: dict[str, Any]) -> None:
     policy = config.get("backpressure.policy")
     if policy in _IN_PROCESS_POLICIES:
         raise TopologyError(f"backpressure.policy {policy!r} works within one process only; with workers > 1 "
-                            f"use stepwise (its signals cross workers through the coordinator) or none")
+                            f"use stepwise, source_stop or watermark (they cross workers through the "
+                               f"coordinator) or none")
     port, workers = int(config.get("metrics.port") or 0), int(config.get("workers") or 1)
     if port and port + workers - 1 > 65535:
         raise TopologyError(f"metrics.port {port}: worker i serves its metrics on metrics.port + i, and "
@@ -84,6 +94,19 @@ def check_shippable(topology: Topology, config: dict[str, Any]) -> None:
     except Exception as e:
         raise TopologyError(f"topology {topology.name!r} cannot be shipped to a worker process ({e}); define its "
                             f"components in an importable module, not in a notebook or a function") from None
+
+
+def topology_graph(topology: Topology) -> dict[str, tuple[bool, list[int], list[str]]]:
+    """component -> (is a spout, its task ids, the components it reads): what a policy that
+    decides over the whole topology needs and no worker's own tasks show. Task ids are
+    numbered from 1 in component order, as the engine numbers them."""
+    graph: dict[str, tuple[bool, list[int], list[str]]] = {}
+    next_id = 1
+    for c in topology.components.values():
+        graph[c.id] = (c.kind == "spout", list(range(next_id, next_id + c.parallelism)),
+                       sorted({i.source for i in c.inputs}))
+        next_id += c.parallelism
+    return graph
 
 
 # -- the worker side -----------------------------------------------------------------------
@@ -154,7 +177,10 @@ async def _worker(topology: Topology, config: ResolvedConfig, worker: int, worke
                 network.finish.set()
             return
         if cmd[0] == "report":
-            conn.send(engine.report())
+            report = engine.report()
+            if len(cmd) > 1 and cmd[1]:        # for the console and the status file
+                report["records"] = [s.snapshot() for s in engine.stats]
+            conn.send(report)
         elif cmd[0] == "stop":
             engine.request_stop(cmd[1])
         elif cmd[0] == "finish":
@@ -196,12 +222,17 @@ class Supervisor:
     finish_now: bool = False
     coordinator: Any = None            # the embedded coordinator this supervisor serves, if any
     worker_config: dict[str, Any] = field(default_factory=dict)
+    # Every task of every worker as last reported (worker -> snapshots), for ``WorkersView``;
+    # asked for every ``records_every`` seconds while ``want_records`` (a service reads them).
+    records: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    want_records: bool = False
+    records_every: float = 0.1
 
     def start(self) -> None:
         ctx = mp.get_context("spawn")
         self._ctx = ctx
         self.coordinator, extra = serve_coordinator(self.config, self.directory)
-        self.worker_config = {**self.config, **extra}
+        self.worker_config = {**self.config, **extra, WORKER_GRAPH: topology_graph(self.topology)}
         for i in range(self.workers):
             self.procs.append(self._spawn(i))
 
@@ -214,15 +245,18 @@ class Supervisor:
         child.close()
         return _Worker(i, p, parent, restarts)
 
-    def _ask(self, w: _Worker) -> dict[str, Any] | None:
-        """One report, or None if the worker is gone or has already sent its result."""
+    def _ask(self, w: _Worker, records: bool = False) -> dict[str, Any] | None:
+        """One report (with its tasks' snapshots if ``records``), or None if the worker is gone
+        or has already sent its result."""
         try:
-            w.conn.send(("report",))
+            w.conn.send(("report", records))
             deadline = time.monotonic() + _REPLY_TIMEOUT_S
             while time.monotonic() < deadline:
                 if w.conn.poll(0.05):
                     msg = w.conn.recv()
                     if isinstance(msg, dict):
+                        if "records" in msg:
+                            self.records[w.index] = [{**r, "worker": w.index} for r in msg.pop("records")]
                         return msg
                     self._final(w, msg)
                     return None
@@ -256,8 +290,12 @@ class Supervisor:
         started = time.monotonic()
         drain_deadline: float | None = None
         previous: tuple[int, int] | None = None
+        next_records = 0.0
         while True:
             time.sleep(_POLL_S)
+            records = self.want_records and time.monotonic() >= next_records
+            if records:
+                next_records = time.monotonic() + self.records_every
             if duration is not None and not self.stopping and time.monotonic() - started >= duration:
                 self.request_stop("duration")
             if self.stopping and drain_deadline is None:
@@ -275,7 +313,7 @@ class Supervisor:
                     if w.result is None:
                         self._restart(w)
                     continue
-                r = self._ask(w)
+                r = self._ask(w, records)
                 if r is not None:
                     reports.append(r)
             if self.finish_now or (drain_deadline is not None and time.monotonic() >= drain_deadline):
@@ -328,6 +366,7 @@ class Supervisor:
                 w.process.kill()
             if w.result is not None:
                 stats.extend(w.result[1])
+                self.records[w.index] = [{**s.snapshot(), "worker": w.index} for s in w.result[1]]
         return RunResult(sorted(stats, key=lambda s: s.task_id), reason)
 
     def stop_all(self) -> None:
@@ -340,21 +379,99 @@ class Supervisor:
             coordinator.stop()
 
 
+class _Reported:
+    """One task's stats as its worker last reported them: what a service reads (``snapshot``)."""
+
+    __slots__ = ("record",)
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        self.record = record
+
+    def snapshot(self) -> dict[str, Any]:
+        return self.record
+
+
+class WorkersView:
+    """What the console and the status file see of a run in workers, as they see an engine:
+    ``topology``, ``config`` and ``stats``: every task of every worker, by task id."""
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        self.supervisor = supervisor
+        self.topology = supervisor.topology
+        self.config = supervisor.config
+
+    @property
+    def stats(self) -> list[_Reported]:
+        records = [r for rs in list(self.supervisor.records.values()) for r in rs]
+        return [_Reported(r) for r in sorted(records, key=lambda r: r["task"])]
+
+
+class ServiceThread:
+    """The supervisor's services (console, status file) on an event loop of their own: the
+    supervisor's loop is a blocking one."""
+
+    def __init__(self, services: list[Any], view: WorkersView) -> None:
+        self.services, self.view = services, view
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._done: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), name="topo-services", daemon=True)
+
+    def start(self) -> None:
+        """Start every service; a service that cannot start raises here."""
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            self._thread.join()
+            raise self._error
+
+    async def _main(self) -> None:
+        self._loop, self._done = asyncio.get_running_loop(), asyncio.Event()
+        started: list[Any] = []
+        try:
+            for s in self.services:
+                await s.start(self.view)
+                started.append(s)
+        except BaseException as e:
+            self._error = e
+        self._ready.set()
+        if self._error is None:
+            await self._done.wait()
+        for s in reversed(started):
+            await s.stop()
+
+    def stop(self) -> None:
+        """Stop every service (each writes its last frame from the final records)."""
+        if self._thread.ident is None:       # never started
+            return
+        if self._loop is not None and self._done is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._done.set)
+        self._thread.join(30)
+
+
 def run_workers(topology: Topology, config: dict[str, Any] | None = None, *, workers: int,
-                duration: float | None = None, handle_signals: bool = False) -> RunResult:
-    """Run ``topology`` in ``workers`` processes; returns the merged result of all tasks."""
+                duration: float | None = None, handle_signals: bool = False,
+                services: Sequence[Any] = ()) -> RunResult:
+    """Run ``topology`` in ``workers`` processes; returns the merged result of all tasks.
+    ``services`` (console, status file) run in the supervisor over a ``WorkersView``."""
     cfg = config if isinstance(config, ResolvedConfig) else resolve(topology.config, config or {})
     check_shippable(topology, cfg)
     with tempfile.TemporaryDirectory(prefix="topo-workers-") as directory:
-        sup = Supervisor(topology, cfg, workers, directory)
+        sup = Supervisor(topology, cfg, workers, directory, want_records=bool(services))
         previous = {}
         if handle_signals:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 previous[sig] = signal.signal(sig, lambda *_: sup.request_stop("signal"))
+        beside = ServiceThread(list(services), WorkersView(sup)) if services else None
         try:
             sup.start()
+            if beside is not None:
+                beside.start()
             return sup.supervise(duration)
         finally:
             sup.stop_all()
+            if beside is not None:
+                beside.stop()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

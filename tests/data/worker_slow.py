@@ -1,0 +1,39 @@
+"""A stage that is slow for its first tuples, then fast (shipped to worker processes)."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from topo.api import Bolt, EndOfStream, Spout, Tuple
+
+
+class SlowThenFast(Bolt):
+    """Sleeps ``delay_s`` per tuple for its first ``slow_for`` tuples, then passes at full speed:
+    the overload is real, and so is the recovery a policy must release the spouts after."""
+
+    outputs = ["n"]
+
+    def __init__(self, delay_s: float, slow_for: int) -> None:
+        self.delay_s, self.slow_for, self.seen = delay_s, slow_for, 0
+
+    def execute(self, tup: Tuple) -> Any:
+        self.seen += 1
+        if self.seen <= self.slow_for:
+            time.sleep(self.delay_s)
+        self.collector.emit([tup["n"]])
+
+
+class Padded(Spout):
+    """0..total-1, each with ``pad`` bytes of payload (so a few hundred fill a small queue),
+    tracked by the number."""
+
+    outputs = ["n", "pad"]
+
+    def __init__(self, total: int, pad: int) -> None:
+        self.total, self.pad, self.i = total, "x" * pad, 0
+
+    def next_tuple(self) -> None:
+        if self.i >= self.total:
+            raise EndOfStream
+        self.collector.emit([self.i, self.pad], msg_id=self.i)
+        self.i += 1
