@@ -57,11 +57,10 @@ def run(topology: Topology, engine: str | None = None, *, config: Mapping[str, A
         if resolved["workers"] > 1:
             from runtime.local.workers import run_workers
 
-            if max_tuples is not None or services:
-                raise ValueError("with workers > 1, max_tuples and services (console, metrics, status) "
-                                 "are not available yet")
+            if max_tuples is not None:
+                raise ValueError("with workers > 1, max_tuples is not available yet")
             return run_workers(topology, resolved, workers=resolved["workers"], duration=duration,
-                               handle_signals=handle_signals)
+                               handle_signals=handle_signals, services=services)
         from runtime.local.engine import run as run_local
 
         return run_local(topology, resolved, duration=duration, max_tuples=max_tuples,
