@@ -203,6 +203,8 @@ class SpoutTask(_TaskBase):
         self.spout = spout
         self.untracked_acks: list[Any] = []
         self.pending: dict[int, Pending] = {}
+        # outcome_hook(root, ok, msg_id, sent_again): send windows (document 002) learn acks here
+        self.outcome_hook: Callable[[int, bool, Any, bool], None] | None = None
         self.outcomes: deque[tuple[int, bool, str]] = deque()
         # Storm acks an untracked tuple at once; only bother when the spout listens.
         listens = type(spout).ack is not Spout.ack
@@ -230,6 +232,7 @@ class SpoutTask(_TaskBase):
         hist = stats.complete_latency
         bounds, counts = hist.bounds, hist.counts
         ack = spout.ack if type(spout).ack is not Spout.ack else None
+        hook = self.outcome_hook
         now = time.perf_counter()
         acked = 0
         latency_sum = 0.0
@@ -246,9 +249,13 @@ class SpoutTask(_TaskBase):
                 counts[bisect_left(bounds, latency)] += 1
                 if ack is not None:
                     ack(msg_id)
+                if hook is not None:
+                    hook(root, True, msg_id, False)
                 continue
             stats.failed += 1
             spout.fail(msg_id)
+            if hook is not None:     # (last argument: whether the tuple is sent again)
+                hook(root, False, msg_id, not run.stopping and retries < run.max_retries)
             if run.stopping:
                 continue  # failed back to the spout; the source keeps it
             if run.rollback_on_failure:
