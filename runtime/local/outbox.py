@@ -70,6 +70,9 @@ class Outbox:
         self.pending_count = 0
         self.last_flush_at = time.monotonic()
         self._background: asyncio.Future[int] | None = None   # a flush_soon under way
+        # Send windows (document 002): how many of each lane's tuples may go now (target ->
+        # count; a target absent: all); the rest wait in their lane. None: everything goes.
+        self.gate: Callable[[Outbox], dict[int, int]] | None = None
         self._pack = msgpack.Packer(autoreset=True).pack
         self.untracked: dict[str, UntrackedEmit] = {}
         self.tracked: dict[str, TrackedEmit] = {}
@@ -251,13 +254,22 @@ class Outbox:
             self._background = None
 
     async def _flush(self) -> int:
+        admitted = self.gate(self) if self.gate is not None else None
         self.pending_count = 0
         waited = 0
         queues = self.queues
         for lane in self.lanes.values():
             batch = lane.batch
             if batch:
-                lane.batch = []
+                if admitted is not None and admitted.get(lane.target, len(batch)) < len(batch):
+                    k = admitted[lane.target]
+                    lane.batch = batch[k:]               # waits for room in its send window
+                    self.pending_count += len(lane.batch)
+                    batch = batch[:k]
+                    if not batch:
+                        continue
+                else:
+                    lane.batch = []
                 queue = queues[lane.target]
                 nbytes = self.batch_bytes(batch)
                 if nbytes <= queue.hard_bound:
