@@ -131,13 +131,20 @@ class ShareRouter(Protocol):
 class WindowGate(Protocol):
     """Per-downstream-task send windows on a spout's tracked tuples (document 002).
 
-    The engine calls the flow control's ``on_sent(spout, target, root, now)``,
-    ``on_acked(spout, root, now)`` and ``on_failed(spout, root, now)`` (the
-    acker's outcome per root, with the downstream task of its first edge), asks
-    ``may_send(spout, target)`` before routing a tuple to ``target`` and, for a
-    failed tuple, ``resend_target(spout, root, candidates)`` for where its replay goes
-    (None: the grouping's own choice). Through this protocol the engine tells the
-    flow control it does all that.
+    The engine routes, the flow control keeps the windows. When a spout's batches go
+    out the engine asks the flow control's ``room(spout, target)`` (tuples the window
+    towards ``target`` still admits) and sends no more tracked tuples than that; it
+    reports each one sent with ``on_sent(spout, target, root, now, resend_of)`` and each
+    outcome with ``on_acked(spout, root, now)`` or ``on_failed(spout, root, now)``
+    (which returns the busy task); a failed tuple's replay goes to
+    ``resend_target(spout, busy)`` (None: where the grouping puts it) and waits there
+    for room. Through this protocol the engine says it does all that, and which
+    downstream components a spout feeds by a grouping that fixes a tuple's task.
     """
 
     def routes_tracked_tuples(self) -> bool: ...
+
+    def keyed_components(self, spout: int) -> frozenset[str]:
+        """Components ``spout`` feeds where a tuple may not move to another task (fields,
+        all, global): there a BUSY tuple waits for its own task."""
+        ...

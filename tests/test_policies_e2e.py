@@ -1,9 +1,11 @@
-"""source_stop and watermark end to end on the local engine, real clock, small marks.
+"""Every in-process policy end to end on the local engine, real clock, small marks.
 
-1. Both policies: a spout offering 20,000 tuples/s into a bolt that manages 5,000/s.
-   The spout is throttled (stopped, or slowed by the topology master), the bolt's
-   queue never passes the hard bound, no tuple is lost, and once the bolt speeds up
-   the spout's limiter goes off and every flag clears.
+1. source_stop, watermark, adaptive (document 004) and window (document 002): a spout
+   offering 20,000 tuples/s into a bolt that manages 5,000/s. The spout is throttled
+   (stopped, slowed by the topology master or by its rate coefficient, or held by its
+   send window), the bolt's queue never passes the hard bound, no tuple is lost, and
+   once the bolt speeds up the spout is back at full speed: its limiter off, every
+   flag clear, its send windows back at their largest.
 2. source_stop's known cost: spout -> relay -> slow and spout -> fast, the topology
    of ``test_backpressure_e2e.test_second_branch_keeps_its_throughput_while_one_branch_is_slow``
    where stepwise keeps the fast branch at >= 80 % of the source's rate (that test
@@ -19,6 +21,7 @@ from typing import Any
 import pytest
 
 from backpressure.drivers.factory import make_flow_control
+from backpressure.policy.window import SLOW
 from coord_backends import until
 from runtime.local.engine import LocalEngine
 from test_backpressure_e2e import Box, Offered, Paced, config, monitored
@@ -31,6 +34,10 @@ _POLICY_CONFIG: dict[str, dict[str, Any]] = {
     "source_stop": {"backpressure.policy": "source_stop"},
     "watermark": {"backpressure.policy": "watermark", "backpressure.water_mark.high": 0.5,
                   "backpressure.water_mark.low": 0.05, "backpressure.water_mark.check_interval_ms": 250},
+    "adaptive": {"backpressure.policy": "adaptive", "backpressure.adaptive.window_ms": 1000,
+                 "backpressure.adaptive.samples": 10, "backpressure.adaptive.check_interval_ms": 100,
+                 "backpressure.adaptive.max_parallelism": 1},
+    "window": {"backpressure.policy": "window", "acking": True},
 }
 
 
@@ -39,35 +46,84 @@ def engine_for(policy: str, builder: TopologyBuilder, **over: Any) -> tuple[dict
     return cfg, LocalEngine(builder.build(), cfg, flow=make_flow_control(cfg, builder.name))
 
 
-@pytest.mark.parametrize("policy", ["source_stop", "watermark"])
+class Numbered:
+    """A collector proxy giving every emit its number as msg_id: tracked tuples (window needs acks)."""
+
+    def __init__(self, collector: Any) -> None:
+        self.inner = collector
+
+    def emit(self, values: list[Any], stream: str = "default") -> None:
+        self.inner.emit(values, stream, msg_id=values[0])
+
+
+class TrackedOffered(Offered):
+    def open(self, context: Any, collector: Any) -> None:
+        super().open(context, collector)
+        self.collector = Numbered(collector)
+
+
+async def _watch_windows(engine: LocalEngine, spout_id: int, slow_id: int, seen: dict[str, Any]) -> None:
+    """Every millisecond: the window towards the slow task never holds more in flight than its size."""
+    w = engine.flow.senders[spout_id].windows[slow_id]   # type: ignore[attr-defined]
+    while True:
+        seen["over"] = seen.get("over", 0) + (len(w.in_flight) > int(w.window))
+        seen["slow"] = seen.get("slow", False) or w.state == SLOW
+        seen["least"] = min(seen.get("least", w.window), w.window)
+        seen["most_in_flight"] = max(seen.get("most_in_flight", 0), len(w.in_flight))
+        await asyncio.sleep(0.001)
+
+
+@pytest.mark.parametrize("policy", ["source_stop", "watermark", "adaptive", "window"])
 async def test_slow_bolt_throttles_the_spout_loses_nothing_and_releases(policy: str) -> None:
     box = Box()
     box.rate["slow"] = 5_000.0
     b = TopologyBuilder(f"e2e-{policy}")
-    b.spout("spout", Offered(box, 20_000.0))
+    b.spout("spout", (TrackedOffered if policy == "window" else Offered)(box, 20_000.0))
     b.bolt("slow", Paced(box, "slow")).shuffle("spout")
     cfg, engine = engine_for(policy, b)
+    windows: dict[str, Any] = {}
     async with monitored(engine) as mon:
         spout, slow = mon.by_component["spout"], mon.by_component["slow"]
-        await until(lambda: spout.stats.backpressure, 15, what="the spout throttled")
-        assert spout.stats.rate_limit is not None and spout.stats.rate_limit < 20_000.0
-        assert spout.stats.signals_received.get("BACKPRESSURE", 0) >= 1
-        assert slow.stats.signals_sent.get("BACKPRESSURE", 0) >= 1
+        if policy == "window":     # held by its window: SLOW acks shrink it (no rate limit)
+            watcher = asyncio.create_task(_watch_windows(engine, spout.task_id, slow.task_id, windows))
+            await until(lambda: windows.get("slow", False), 15, what="a SLOW ack")
+            t0, before = time.monotonic(), spout.stats.emitted
+            await asyncio.sleep(1.0)
+            assert (spout.stats.emitted - before) / (time.monotonic() - t0) < 0.6 * 20_000.0
+        else:
+            await until(lambda: spout.stats.backpressure, 15, what="the spout throttled")
+            assert spout.stats.rate_limit is not None and spout.stats.rate_limit < 20_000.0
+            assert spout.stats.signals_received.get("BACKPRESSURE", 0) >= 1
+            assert slow.stats.signals_sent.get("BACKPRESSURE", 0) >= 1
         await asyncio.sleep(2.5)
         box.rate["slow"] = None
+        if policy == "window":
+            w = engine.flow.senders[spout.task_id].windows[slow.task_id]   # type: ignore[attr-defined]
+            await until(lambda: w.window == cfg["backpressure.window.max"], 20, what="the window back at max")
+            watcher.cancel()
         await until(lambda: not spout.stats.backpressure and spout.stats.rate_limit is None, 20,
                     what="the spout back at full speed, limiter off")
         assert spout.limiter.rate is None and spout.stats.k == 0
         assert not any(t.stats.backpressure for t in engine.tasks)
     hard = cfg["queue.hard_bound"]
     assert mon.max_queue["slow"] <= hard, (mon.max_queue, hard)
-    assert mon.max_queue["slow"] >= cfg["queue.high_mark"]           # the overload was real
     assert box.emitted > 5_000
     assert box.seen["slow"] == set(range(box.emitted)), "a tuple was lost or duplicated"
     assert slow.stats.executed == box.emitted
+    if policy in ("source_stop", "watermark"):
+        assert mon.max_queue["slow"] >= cfg["queue.high_mark"]           # the overload was real
     if policy == "watermark":
         master = engine.flow.master  # type: ignore[attr-defined]
         assert not master.throttled and master.counters["reports"] >= 2
+    if policy == "adaptive":
+        fc = engine.flow
+        assert fc.marks and all(rc.coefficient == 1.0 for rc in fc.coefficients.values())  # type: ignore
+    if policy == "window":
+        assert engine.flow.window_gate is not None        # type: ignore[attr-defined]
+        assert windows["most_in_flight"] > 0, "the engine reported no tuple sent"
+        assert windows["over"] == 0, "more tuples in flight than the window"
+        assert windows["least"] < cfg["backpressure.window.max"]
+        assert spout.stats.acked == box.emitted and not spout.stats.failed
 
 
 async def test_source_stop_also_stops_the_fast_branch() -> None:

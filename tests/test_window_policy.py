@@ -95,7 +95,7 @@ def test_w5_a_failed_tuple_holds_the_point_until_its_resend_is_acked() -> None:
     from backpressure.drivers.window import WindowFlowControl
     fc = WindowFlowControl(P, slow_bytes=100, capacity=200)
     fc.senders[0] = WindowSender(P, {"b": [10, 11]})
-    fc.acks[0], fc.numbers[0] = CumulativeAck(), {}
+    fc.acks[0], fc.numbers[0], fc.last_number[0] = CumulativeAck(), {}, 0
     fc.handles = {0: _H(0, "s"), 10: _H(10, "b"), 11: _H(11, "b")}
     fc.on_sent(0, 10, "r1", 0.0)
     fc.on_sent(0, 11, "r2", 0.0)
@@ -104,9 +104,17 @@ def test_w5_a_failed_tuple_holds_the_point_until_its_resend_is_acked() -> None:
     assert fc.acks[0].point == 0
     target = fc.resend_target(0, 10)
     assert target == 11
-    fc.on_sent(0, target, "r1", 0.2)                      # the replay keeps number 1
-    fc.on_acked(0, "r1", 0.3)
+    fc.on_sent(0, target, "r1b", 0.2, resend_of="r1")     # the replay (a new root) keeps number 1
+    fc.on_acked(0, "r1b", 0.3)
     assert fc.acks[0].point == 2
+    fc.on_sent(0, 10, "r3", 0.4)
+    fc.on_sent(0, 10, "r4", 0.4)
+    fc.on_acked(0, "r4", 0.5)                             # out of order: the point waits for 3
+    fc.on_sent(0, 11, "r5", 0.5)                          # numbers never repeat after such an ack
+    assert fc.numbers[0] == {"r3": 3, "r5": 5}
+    fc.on_failed(0, "r3", 0.6)
+    fc.on_dropped(0, "r3")                                # dead-lettered: the point passes it
+    assert fc.acks[0].point == 4 and fc.acks[0].resume_position == 5
 
 
 def test_w6_records_go_in_batches() -> None:
@@ -138,3 +146,6 @@ class _H:
 
     def count_signal(self, direction: str, kind: str) -> None:
         self.counted.append((direction, kind))
+
+    def show(self, display: object) -> None:
+        self.shown = display

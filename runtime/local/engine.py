@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import random
@@ -23,7 +24,8 @@ from typing import Any, Callable, Iterator, Protocol, Sequence
 
 from topo.api import Bolt, CheckpointError, ComponentError, FieldIndex, Spout, TaskContext
 from topo.config import ConfigError, ResolvedConfig, resolve
-from topo.groupings import FieldsGrouping, Router, key_group, spread_key_groups
+from topo.groupings import (FieldsGrouping, LoadAwareGrouping, LocalOrShuffleGrouping, Router, ShuffleGrouping,
+                             key_group, spread_key_groups)
 from topo.state import KeyedBolt
 from topo.topology import Topology
 from backpressure.seams import FlowControl
@@ -31,6 +33,7 @@ from runtime.local.acker import Acker
 from runtime.local.deadletter import DeadLetterWriter
 from runtime.local.outbox import Outbox, StreamRoutes
 from runtime.local.queue import ByteQueue
+from runtime.local.send_windows import SendWindows
 from runtime.local.checkpoint_store import CheckpointStore
 from runtime.local.checkpoints import Checkpointer, topology_fingerprint
 from runtime.local.tasks import END_MARKER, TICK_MARKER, BoltTask, Rollback, RunState, SpoutTask, TaskWiring
@@ -40,6 +43,8 @@ from runtime.observe.stats import TaskStats
 log = logging.getLogger("topo.engine")
 
 _SAMPLE_PERIOD_S = 0.25   # emit rates, time split, queue gauges, tick markers, acker timeouts
+# Groupings under which a tuple may go to any task of the component (send windows move it).
+_MOVABLE = (ShuffleGrouping, LocalOrShuffleGrouping, LoadAwareGrouping)
 
 
 class Service(Protocol):
@@ -448,6 +453,24 @@ class LocalEngine:
 
         return await self._settle(still)
 
+    # --- send windows (seams.WindowGate, document 002) ---------------------------
+    def _send_windows(self) -> SendWindows:
+        """Gate every spout's flushes by the flow control's windows and tell it each outcome."""
+        component_of = {tid: c for c, ids in self.task_ids.items() for tid in ids}
+        movable: dict[int, frozenset[str]] = {}
+        keyed: dict[int, frozenset[str]] = {}
+        for s in self.spout_tasks:
+            free, fixed = set(), set()
+            for d, i in self.topology.downstream(s.component):
+                (free if isinstance(i.grouping, _MOVABLE) else fixed).add(d.id)
+            movable[s.task_id], keyed[s.task_id] = frozenset(free - fixed), frozenset(fixed)
+        gate = SendWindows(self.flow, {s.task_id: s.pending for s in self.spout_tasks},  # type: ignore[arg-type]
+                           component_of, movable, keyed)
+        for s in self.spout_tasks:
+            s.outbox.gate = gate.admit
+            s.outcome_hook = functools.partial(gate.on_outcome, s.task_id)
+        return gate
+
     # --- views -----------------------------------------------------------------
     @property
     def stats(self) -> list[TaskStats]:
@@ -542,6 +565,8 @@ class LocalEngine:
                 self.flow.share_router = self
             if self.scalable:                         # and one that scales components (004)
                 self.flow.scaler = self  # type: ignore[attr-defined]
+            if hasattr(self.flow, "window_gate") and self.acker is not None and self.network is None:
+                self.flow.window_gate = self._send_windows()    # per-tuple send windows (002)
             await self.flow.start(self.tasks)
         except BaseException:     # a refused claim, an unreachable ZooKeeper, a bad checkpoint
             self._close_components(self.tasks)
