@@ -294,7 +294,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--min-repeats", type=int, default=3, help="runs per scenario x controller before stopping")
     p.add_argument("--max-repeats", type=int, default=50)
     p.add_argument("--target-ci", type=float, default=0.2, help="stop when every ci95 < this x its mean")
-    p.add_argument("--time-cap", type=float, default=2400.0, help="seconds: no new round starts after this")
+    p.add_argument("--time-cap", type=float, default=2700.0, help="seconds: no new round starts after this")
     p.add_argument("--controllers", default=",".join(CONTROLLERS))
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
     p.add_argument("--master", default="local[2]")
@@ -376,7 +376,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "machine": {"cores": os.cpu_count(), "load_average_1_5_15_at_start": list(load_start),
                     "load_average_1_5_15_at_end": list(os.getloadavg()), "nice": os.nice(0),
                     "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-                    "wall_time_s": time.time() - began},
+                    "wall_time_s": time.time() - began, "commit": _commit()},
         "setup": {"quick": a.quick, "duration_s": a.duration, "warmup_s": a.warmup, "per_period": per_period,
                   "period_s": 10.0, "burst_fraction": 0.5, "interval_ms": a.interval_ms, "work_rounds": a.work,
                   "drop_factor": a.drop_factor, "partitions": a.partitions, "master": a.master,
@@ -397,22 +397,36 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     return out
 
 
+def _commit() -> str | None:
+    """The checkout the figures were measured on (None outside git)."""
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, timeout=10, check=True).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def table(out: dict[str, Any]) -> str:
-    """The figures as the text table BENCHMARKS.md shows."""
+    """The figures as the Markdown tables BENCHMARKS.md shows."""
     lines = []
     for scenario, data in out["scenarios"].items():
         parts = [("summary", "after the warm-up")] + ([("after_drop", "after the drop")] if "after_drop" in data else [])
         for part, what in parts:
-            lines.append(f"{scenario}, {what}: controller | mean sdelay ms (ci95) | p95 ms | rows/s | repeats")
+            lines += ["", f"`{scenario}`, batches {what}:", "",
+                      "| controller | mean scheduling delay (ms) | ci95 (ms) | p95 (ms) | throughput (rows/s) | repeats |",
+                      "|---|---|---|---|---|---|"]
             for name, s in data[part].items():
                 half = s["scheduling_delay_ci95_ms"]
-                lines.append(f"  {name} | {s['scheduling_delay_mean_ms']:.1f} "
-                             f"(+-{half if half is not None else float('nan'):.1f}) | "
-                             f"{s['scheduling_delay_p95_ms']:.0f} | {s['throughput_rows_per_s']:.0f} | {s['repeats']}")
+                lines.append(f"| {name} | {s['scheduling_delay_mean_ms']:.1f} | "
+                             f"{'-' if half is None else f'{half:.1f}'} | {s['scheduling_delay_p95_ms']:.0f} | "
+                             f"{s['throughput_rows_per_s']:,.0f} | {s['repeats']} |")
+    lines += ["", "| goal | measured | |", "|---|---|---|"]
     for goal, g in out["goals"].items():
         r = g["ratio"]
-        lines.append(f"{goal}: {'nan' if r is None else f'{r:.2f}'} -> {'met' if g['met'] else 'NOT met'}")
-    lines.append(out["stopped"]["verdict"])
+        lines.append(f"| {goal} | {'-' if r is None else f'{r:.2f}'} | {'met' if g['met'] else 'not met'} |")
+    lines += ["", out["stopped"]["verdict"]]
     return "\n".join(lines)
 
 

@@ -72,7 +72,7 @@ def test_goals_compare_doc001_with_pid_and_after_the_drop_with_fixed():
         "ratio": pytest.approx(20 / 900), "met": True}
     assert g["capacity_drop: doc001 throughput >= 0.95 x best"]["ratio"] == pytest.approx(0.99)
     text = bench.table({"scenarios": scenarios, "goals": g, "stopped": {"verdict": "converged"}})
-    assert "after the drop" in text and "NOT met" not in text
+    assert "after the drop" in text and "not met" not in text
 
 
 def test_quick_and_bad_names():
