@@ -193,6 +193,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     except TopologyError as e:      # the engine cannot run this topology (Spark's plan)
         if isinstance(e, SpecError):
             raise
+        key = getattr(e, "key", None)
+        if key:     # Spark on a cluster: what executors on other machines cannot reach (a kwarg, a setting)
+            component = getattr(e, "component", None)
+            raise UsageError(f"{spec.where(component, key) if component else setting_source(spec, args, key)}: "
+                             f"{e}") from None
         raise UsageError(f"{setting_source(spec, args, 'engine')}: {e} (got {engine!r})") from None
     if not args.quiet:
         print(summary(spec.topology, result, time.monotonic() - started))
@@ -277,26 +282,23 @@ def preflight(spec: TopologySpec, config: dict[str, Any], args: argparse.Namespa
 def local_services(config: dict[str, Any], args: argparse.Namespace, name: str) -> list[Any]:
     """What runs beside a local topology: the live console, the Prometheus exporter
     (``metrics.port``) and the status file ``topo status`` reads (``status.path``, or
-    the default place for topology ``name``). With worker processes each worker serves
-    its own exporter (``metrics.port + i``, from the config it is given), so none runs
-    here; the console and the status file are not there yet (one line says so; the
-    closing summary still covers every task of every worker)."""
+    the default place for topology ``name``). With worker processes the supervisor runs
+    the console and the status file over every worker's tasks, and each worker serves
+    its own exporter (``metrics.port + i``, from the config it is given; one line says
+    where), so none runs here."""
     services: list[Any] = []
-    if config.get("workers", 1) > 1:
-        if not args.quiet:
-            n, port = config["workers"], config.get("metrics.port") or 0
-            where = (f"metrics of worker i on {config.get('metrics.host') or '127.0.0.1'}:{port}+i "
-                     f"({port}-{port + n - 1}); " if port else "")
-            print(f"workers: {n}: {where}no live console or status file yet; the summary at the end covers "
-                  "every worker", file=sys.stderr)
-        return services
+    workers = config.get("workers", 1)
+    if workers > 1 and not args.quiet and config.get("metrics.port"):
+        port = config["metrics.port"]
+        print(f"workers: {workers}: metrics of worker i on {config.get('metrics.host') or '127.0.0.1'}:{port}+i "
+              f"({port}-{port + workers - 1})", file=sys.stderr)
     if not args.quiet:
         from runtime.observe.console import Console
 
         services.append(Console(duration=args.duration, max_tuples=args.max_tuples))
     from runtime.observe.prometheus import MetricsService
 
-    exporter = MetricsService.from_config(config)
+    exporter = MetricsService.from_config(config) if workers == 1 else None
     if exporter is not None:
         services.append(exporter)
     from topo.status import StatusWriter, default_status_path
