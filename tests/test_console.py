@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rich.console import Console as RichConsole
 
-from runtime.observe.console import progress, render_table, summary_line
+from runtime.observe.console import progress, render_table, summary_line, workers_of
 
 REPO = Path(__file__).resolve().parent.parent
 TOPO = REPO / ".venv" / "bin" / "topo"
@@ -69,6 +69,24 @@ def test_table_rows_per_component_and_task() -> None:
     assert "2 tasks" in work and "BP k=2" in work and "1.7k" in work and "60.0MB" in work
     task3 = next(line for line in text.splitlines() if re.search(r"│\s+│ 3\s", line))
     assert "100.0KB" in task3 and "ok k=0" in task3
+
+
+def test_a_run_in_worker_processes_shows_every_task_with_its_worker() -> None:
+    records = [
+        _record("src", 1, spout=True, emitted=5_000, worker=0),
+        _record("work", 2, queue_bytes=70_000, worker=1),
+        _record("work", 3, queue_bytes=30_000, worker=0),
+    ]
+    assert workers_of(records) == [0, 1] and workers_of([_record("src", 1, spout=True)]) == []
+    text = _text(render_table(records, "topology 't'"))
+    header = next(line for line in text.splitlines() if "component" in line)
+    assert header.rstrip(" ┃").endswith("worker")
+    row = {n: next(line for line in text.splitlines() if re.search(rf"│\s+│ {n}\s", line)) for n in (2, 3)}
+    assert row[2].rstrip(" │").endswith("1") and row[3].rstrip(" │").endswith("0")
+    work = next(line for line in text.splitlines() if "│ work" in line)
+    assert work.rstrip(" │").endswith("0,1")                  # the component spans both workers
+    assert "worker" not in _text(render_table([_record("src", 1, spout=True)]))   # one process: no column
+    assert summary_line(records, 3.0).startswith("[   3.0s] 2 workers, 3 tasks |")
 
 
 def test_the_bottleneck_is_named_with_whom_it_throttles_and_its_processed_rate() -> None:

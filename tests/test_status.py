@@ -111,6 +111,15 @@ def test_render_columns() -> None:
     assert row.split() == ["bolt", "2", "off", "-", "0", "-", "1.2", "MB", "500.0", "KB", "/", "50.0", "MB"]
 
 
+def test_render_shows_the_worker_of_each_task_of_a_run_in_workers() -> None:
+    rows = [{"component": c, "task": t, "rate": None, "originv": None, "k": 0, "backpressure": False,
+             "queue_bytes": 0, "high_mark": 2000, "low_mark": 200, "worker": w}
+            for c, t, w in (("numbers", 1, 0), ("slow", 3, 0), ("slow", 2, 1))]
+    header, *lines = render(rows).splitlines()
+    assert header.split()[-1] == "worker"
+    assert [(line.split()[1], line.split()[-1]) for line in lines] == [("1", "0"), ("2", "1"), ("3", "0")]
+
+
 @pytest.mark.zookeeper
 async def test_status_from_zookeeper_taskstate(zookeeper: ZooKeeperServer, capsys: pytest.CaptureFixture[str]) -> None:
     from backpressure.coordinator.zookeeper import ZooKeeperCoordinator

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import signal
 import sqlite3
 import subprocess
@@ -229,23 +230,41 @@ def test_every_worker_serves_its_metrics_on_its_own_port_with_a_worker_label() -
         assert tasks == {str(worker + 1)}, page[:2000]      # worker 0 runs task 1, worker 1 task 2
 
 
-def test_topo_run_with_workers_serves_every_workers_metrics_and_says_what_is_off(tmp_path: Path) -> None:
+def test_topo_run_with_workers_shows_every_worker_in_the_console_status_and_metrics(tmp_path: Path) -> None:
+    """The live console (plain lines: stdout is a pipe), ``topo status`` and every worker's
+    exporter, during one ``topo run --workers 2``."""
     (tmp_path / "slow.yaml").write_text(SLOW)
     base = _free_ports(2)
+    status = tmp_path / "status.json"
     proc = subprocess.Popen(TOPO + ["run", "slow.yaml", "--workers", "2", "--metrics-port", str(base),
-                                    "--duration", "6"],
+                                    "--duration", "6", "--config", f"status.path={status}"],
                             cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
         pages = [_scrape(base + i, deadline) for i in (0, 1)]
+        while True:       # topo status while the run goes on: every task of every worker
+            shown = subprocess.run(TOPO + ["status", "--file", str(status)], env=_env(), capture_output=True,
+                                   text=True, timeout=60)
+            lines = shown.stdout.splitlines()
+            if shown.returncode == 0 and len(lines) == 4 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
     finally:
         out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-2000:]
     for i, page in enumerate(pages):
         assert f'topo_tuples_emitted_total{{' in page and f'worker="{i}"' in page
     notes = [line for line in err.splitlines() if line.startswith("workers: 2:")]
-    assert notes == [f"workers: 2: metrics of worker i on 127.0.0.1:{base}+i ({base}-{base + 1}); no live "
-                     "console or status file yet; the summary at the end covers every worker"]
+    assert notes == [f"workers: 2: metrics of worker i on 127.0.0.1:{base}+i ({base}-{base + 1})"]
+    assert "running, 2 worker processes" in lines[0], shown.stdout
+    assert lines[1].split()[-1] == "worker"
+    assert [(line.split()[0], line.split()[1], line.split()[-1]) for line in lines[2:]] == [
+        ("numbers", "1", "0"), ("slow", "2", "1")]
+    # (the first line may come before the workers' first report)
+    console = [line for line in out.splitlines() if line.startswith("[") and "] 2 workers, 2 tasks |" in line]
+    assert len(console) >= 3, out[-2000:]
+    emitted = [int(re.search(r"spout tuples ([\d,]+)", line).group(1).replace(",", "")) for line in console]
+    assert emitted[-1] > emitted[0] >= 0          # live: the counts move from line to line
 
 
 def test_a_busy_port_of_any_worker_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

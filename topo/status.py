@@ -15,6 +15,9 @@ flag, queue bytes, marks):
   to the default place, ``$XDG_STATE_HOME/topo/status/<topology>.json`` (XDG_STATE_HOME
   defaults to ``~/.local/state``), and ``topo status`` with no argument shows the
   run that started last there.
+  A run in worker processes writes one file for all of them (the supervisor writes
+  it from the workers' reports): every task of every worker, each row with its
+  ``worker``, shown in a column of its own.
 
 Usage::
 
@@ -226,7 +229,9 @@ def read_file(path: str | os.PathLike[str]) -> tuple[str, list[dict[str, Any]]]:
         raise StatusError(f"{p}: not a status file ({e})") from None
     age = time.time() - float(doc.get("written", 0))
     state = "running" if doc.get("running", True) else "stopped"
-    title = f"topology {doc.get('topology')!r} ({state}, embedded coordinator, status file {p}, {age:.1f}s old)"
+    workers = len({r.get("worker") for r in rows if isinstance(r, dict) and r.get("worker") is not None})
+    title = (f"topology {doc.get('topology')!r} ({state}, " + (f"{workers} worker processes, " if workers else "")
+             + f"embedded coordinator, status file {p}, {age:.1f}s old)")
     if state == "running" and age > STALE_S:
         title += f"  WARNING: not updated for {age:.0f}s: the run may have died"
     return title, rows
@@ -280,13 +285,15 @@ def read_zookeeper(url: str, name: str, timeout: float = 5.0, auth: Any = None,
 
 def render(rows: Sequence[dict[str, Any]]) -> str:
     """The table: one line per task, sorted by task id."""
-    table = [COLUMNS]
+    with_workers = any(r.get("worker") is not None for r in rows)     # a run in worker processes
+    table: list[tuple[str, ...]] = [COLUMNS + (("worker",) if with_workers else ())]
     for r in sorted(rows, key=lambda r: r.get("task", 0)):
         table.append((str(r.get("component", "")), str(r.get("task", "")), _rate(r.get("rate"), "off"),
                       _rate(r.get("originv")), str(r.get("k", 0)), "BP" if r.get("backpressure") else "-",
                       _bytes(r.get("queue_bytes", 0)),
-                      f"{_bytes(r.get('low_mark', 0))} / {_bytes(r.get('high_mark', 0))}"))
-    widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS))]
+                      f"{_bytes(r.get('low_mark', 0))} / {_bytes(r.get('high_mark', 0))}")
+                     + ((str(r.get("worker", "")),) if with_workers else ()))
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     lines = []
     for row in table:
         cells = [c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))]

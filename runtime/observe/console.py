@@ -5,6 +5,9 @@ records ``topo status`` and the state records carry, so the three never disagree
 and shows per component and task: emit rate against its limit, input queue level as
 a bar against the low and high marks, the backpressure flag and step count ``k``,
 acked and failed. A bounded run (``--duration``, ``--max-tuples``) gets a progress bar.
+A run in worker processes shows every task of every worker (the supervisor's
+``WorkersView`` reads them from the workers' reports): each record then carries its
+``worker``, shown in a column of its own.
 
 On a terminal this is a ``rich.Live`` table redrawn in place. When stdout is not a
 terminal (a pipe, a log file, CI) it prints one plain summary line per second
@@ -140,21 +143,29 @@ COLUMNS = ("component", "task", "rate (limit / emit / processed)", "queue (L low
            "emitted", "acked", "failed")
 
 
+def workers_of(records: Iterable[Record]) -> list[int]:
+    """The worker processes the records come from (empty for a single-process run)."""
+    return sorted({r["worker"] for r in records if r.get("worker") is not None})
+
+
 def render_table(records: Sequence[Record], title: str = "") -> Table:
-    """One row per component (totals), then one per task when it has several."""
+    """One row per component (totals), then one per task when it has several; with worker
+    processes a ``worker`` column says where each task runs."""
     table = Table(title=title or None, expand=False, header_style="bold")
-    for name in COLUMNS:
-        table.add_column(name, justify="right" if name in ("emitted", "acked", "failed") else "left",
+    with_workers = bool(workers_of(records))
+    for name in COLUMNS + (("worker",) if with_workers else ()):
+        table.add_column(name, justify="right" if name in ("emitted", "acked", "failed", "worker") else "left",
                          no_wrap=True)
     by_task = {r["task"]: r for r in records}
     for component, rows in by_component(records).items():
         groups = [(_total(rows), component)] + ([(r, "") for r in rows] if len(rows) > 1 else [])
         for record, label in groups:
+            where = (",".join(map(str, workers_of(rows))) if label else str(record.get("worker", "")),)
             table.add_row(label, str(record["task"]), rate_text(record), queue_bar(record),
                           backpressure_text(record, by_task), _si(record.get("emitted", 0)),
                           _si(record.get("acked", 0)),
                           Text(_si(record.get("failed", 0)), style="red" if record.get("failed") else ""),
-                          style="bold" if label else "dim")
+                          *(where if with_workers else ()), style="bold" if label else "dim")
     return table
 
 
@@ -180,7 +191,8 @@ def summary_line(records: Sequence[Record], elapsed: float, duration: float | No
     rate = sum(r.get("observed_rate") or 0.0 for r in spouts)
     fullest = max(bolts, key=lambda r: r.get("queue_bytes", 0), default=None)
     pressed = [r for r in records if r.get("backpressure")]
-    parts = [f"[{elapsed:6.1f}s]",
+    workers = workers_of(records)
+    parts = [f"[{elapsed:6.1f}s]" + (f" {len(workers)} workers, {len(records)} tasks" if workers else ""),
              f"spout tuples {sum(r.get('emitted', 0) for r in spouts):,} ({_si(rate)}/s)",
              f"acked {sum(r.get('acked', 0) for r in spouts):,}",
              f"failed {sum(r.get('failed', 0) for r in records):,}"]
@@ -225,8 +237,10 @@ class Console:
     def render(self) -> RenderableType:
         records = self.records()
         elapsed = time.monotonic() - self._started
-        name = records[0]["topology"] if records else ""
-        table = render_table(records, f"topology {name!r}  {elapsed:.0f}s")
+        name = records[0]["topology"] if records else self._engine.topology.name
+        workers = workers_of(records)
+        table = render_table(records, f"topology {name!r}  {elapsed:.0f}s"
+                             + (f"  {len(workers)} workers" if workers else ""))
         bounded = progress(records, elapsed, self.duration, self.max_tuples)
         if bounded is None:
             return table
