@@ -288,22 +288,6 @@ def test_end_to_end_on_the_local_engine_with_the_end_stream(tmp_path: Path) -> N
     assert [r for r in Collect.rows if r[0] == "late"] == [["late", "late", 100]]
 
 
-def test_the_spark_engine_refuses_windows_and_joins_naming_each_in_one_line() -> None:
-    from runtime.spark.plan import check
-    from topo.join import JoinBolt
-    from topo.sources import SyntheticSpout
-
-    b = TopologyBuilder("spark-windows")
-    b.spout("src", SyntheticSpout(total=10, columns=("id", "payload"), fields=("ts", "user")))
-    b.bolt("tumbling", TumblingWindow(60, key_fields=["user"])).fields("src", "user")
-    b.bolt("count", CountWindow(5)).shuffle("src")
-    b.bolt("join", JoinBolt("src", "tumbling", ["user"], ["ts"], ["count"], size_s=5)) \
-        .fields("src", "user").fields("tumbling", "user")
-    problems = check(b.build())
-    assert len(problems) == 3 and all("\n" not in p and "local engine only" in p for p in problems)
-    assert [p.split("'")[1] for p in problems] == ["tumbling", "count", "join"]
-
-
 # -- the watermark over upstream tasks (Flink's per-channel minimum) ------------------------------
 
 def from_task(h: BoltHarness, task: int, row: tuple[Any, ...]) -> list[list[Any]]:

@@ -55,7 +55,9 @@ on the default stream, once. Closed windows are evicted.
 checkpointed state (``snapshot_state`` / ``restore_state``), so a restart with
 checkpoints on resumes them exactly.
 
-Windows run on the local engine; the Spark engine refuses a topology with one, naming it.
+On the Spark engine tumbling and sliding event-time windows with a built-in aggregate run
+as Spark's own windowed aggregation (``runtime.spark.windows`` says what differs); the
+others are refused at start in one line naming the bolt.
 """
 from __future__ import annotations
 
