@@ -24,7 +24,8 @@ What maps, and how (see ``runtime.spark.bolts`` for the run-time side):
 
 What does not map: other spouts; a ``KeyedBolt`` behind any other grouping, or a
 fields grouping on different fields; groupings without a Spark mapping (custom ones);
-window and join bolts (``topo.windows``, ``topo.join``: local engine only for now).
+session, count and processing-time windows and joins; tumbling and sliding event-time
+windows map to Spark's own windowing (``runtime.spark.windows``).
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ from topo.groupings import (AllGrouping, FieldsGrouping, GlobalGrouping, LoadAwa
 from topo.sources.spouts import OffsetSpout
 from topo.state import KeyedBolt
 from topo.topology import ComponentSpec, Topology, TopologyError
-from topo.windows import CountWindow, WindowedBolt
+from runtime.spark.windows import is_window, window_frame, window_problem
 
 SHUFFLE_LIKE = (ShuffleGrouping, LocalOrShuffleGrouping, LoadAwareGrouping)
 STATEFUL_GROUPINGS = (FieldsGrouping, GlobalGrouping, AllGrouping)
@@ -89,9 +90,8 @@ def check(topology: Topology) -> list[str]:
                 f"or topo.sources.SyntheticSpout")
     for spec in topology.bolts:
         proto = _proto(spec)
-        if isinstance(proto, (WindowedBolt, CountWindow)):
-            problems.append(f"bolt {spec.id!r} ({spec.class_name}) is a window or join: windows run on the "
-                            f"local engine only for now (topo run without --engine spark)")
+        if is_window(proto):      # Spark's own event-time windows where they map (runtime.spark.windows)
+            problems.extend(p for p in [window_problem(topology, spec, proto)] if p)
             continue
         _, errs = bolt_mode(spec, proto)
         problems.extend(errs)
@@ -130,7 +130,7 @@ def stage_plans(topology: Topology, config: dict[str, Any]) -> dict[str, StagePl
     bolt_config = spark_bolt_config(config)
     for spec in topology.bolts:
         proto = _proto(spec)
-        mode, _ = bolt_mode(spec, proto)
+        mode = "window" if is_window(proto) else bolt_mode(spec, proto)[0]
         assert mode is not None
         inputs: dict[tuple[str, str], tuple[str, ...]] = {}
         routes: dict[tuple[str, str], InputRoute] = {}
@@ -182,8 +182,7 @@ def build(spark: Any, topology: Topology, plans: dict[str, StagePlan], sources: 
                                      partition_function, stateful_processor)
     from runtime.spark.datasource import BUS_SCHEMA
 
-    stateful = [p for p in plans.values() if p.mode != "partition"]
-    use_tws = len(stateful) > 1
+    use_tws = needs_tws(plans)
     frames: dict[str, Any] = dict(sources)
     for spec in topological_order(topology):
         if spec.kind == "spout":
@@ -200,6 +199,9 @@ def build(spark: Any, topology: Topology, plans: dict[str, StagePlan], sources: 
             merged = merged.unionByName(df)
         if plan.mode == "partition":
             frames[spec.id] = merged.mapInArrow(partition_function(plan), BUS_SCHEMA)
+            continue
+        if plan.mode == "window":
+            frames[spec.id] = window_frame(merged, topology, spec)
             continue
         keyed = merged.mapInArrow(keyer_function(plan), BUS_SCHEMA + ", g binary")
         grouped = keyed.groupBy("g")
@@ -230,4 +232,4 @@ def build(spark: Any, topology: Topology, plans: dict[str, StagePlan], sources: 
 
 
 def needs_tws(plans: dict[str, StagePlan]) -> bool:
-    return sum(1 for p in plans.values() if p.mode != "partition") > 1
+    return sum(1 for p in plans.values() if p.mode not in ("partition", "window")) > 1
