@@ -241,3 +241,15 @@ def test_killed_mid_run_then_restarted_every_entry_is_processed(redis_url: str, 
     assert any(was_pending)                                # a kill left entries pending: they were replayed
     if checkpoints:                                        # counts exact: no entry counted twice
         assert dict(read_table(str(tmp_path / "counts.db"), "word_counts")) == dict(expected)
+
+
+def test_with_acking_off_an_entry_is_acknowledged_once_emitted(redis_url: str) -> None:
+    from runtime.local.engine import run
+
+    fill(redis_url, "s5", 300)
+    b = TopologyBuilder("redis-no-acking", {"acking": False})
+    b.spout("entries", RedisStreamSpout(redis_url, stream="s5", group="g", fields=["word"], values="text"))
+    b.bolt("rows", Rows()).shuffle("entries")
+    Rows.rows = []
+    run(b.build(), duration=1.0)
+    assert len(Rows.rows) == 300 and pending(redis_url, "s5", "g") == 0
