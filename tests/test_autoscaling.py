@@ -327,8 +327,10 @@ async def test_adaptive_scales_a_keyed_count_from_2_to_3_under_load_and_back_wit
     fc = engine.flow
     watcher, peak = watch_peak(engine)
     run = asyncio.create_task(engine.run())
+    t0 = asyncio.get_running_loop().time()
     try:
         await until(lambda: len(engine.task_ids["count"]) == 3, 40, what="a third counting task")
+        t_out = asyncio.get_running_loop().time() - t0
         assert fc.counters["scale_out"] >= 1 and fc.counters["scale_applied"] >= 1  # type: ignore[attr-defined]
         out = fc.decisions[0]                                                      # type: ignore[attr-defined]
         assert (out.kind, out.component, out.parallelism) == ("scale_out", "count", 3)
@@ -338,7 +340,9 @@ async def test_adaptive_scales_a_keyed_count_from_2_to_3_under_load_and_back_wit
         # The load goes away: the spout offers little, the tasks are fast.
         load.per_task = None
         next(t for t in engine.spout_tasks).spout.set_offered(1_000.0)   # type: ignore[attr-defined]
+        t1 = asyncio.get_running_loop().time()
         await until(lambda: len(engine.task_ids["count"]) == 2, 40, what="scale in back to 2 tasks")
+        t_in = asyncio.get_running_loop().time() - t1
         assert fc.decisions[-1].kind == "scale_in"                                  # type: ignore[attr-defined]
         await until(lambda: all(rc.coefficient == 1.0 for rc in fc.coefficients.values()), 20,  # type: ignore
                     what="every upstream back at coefficient 1.0")
@@ -348,7 +352,11 @@ async def test_adaptive_scales_a_keyed_count_from_2_to_3_under_load_and_back_wit
         engine.request_stop()
         await asyncio.wait_for(run, 60)
         watcher.cancel()
-    totals, _ = keyed_totals(engine, "count")
+    totals, holder = keyed_totals(engine, "count")
+    out_ms = [ms for what, _, n, ms in engine.rescales if what == "add"]
+    print(f"autoscaling: 2 -> 3 tasks {t_out:.1f} s into the overload (drained in {out_ms[0]:.0f} ms), "
+          f"back to 2 {t_in:.1f} s after the load went (cool-down 2 s); {sum(totals.values())} words, "
+          f"{len(holder)} keys, counts exact: {totals == load.emitted}")
     assert sum(load.emitted.values()) > 2_000
     assert totals == load.emitted, "a word was lost or counted twice across the rescales"
     assert peak[0] <= cfg["queue.hard_bound"]

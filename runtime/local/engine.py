@@ -115,6 +115,9 @@ class LocalEngine:
         self.retired: list[BoltTask] = []
         self._bolt_runs: list[asyncio.Task[None]] = []
         self._rescaling = asyncio.Lock()
+        self._drained_ms = 0.0
+        # (what, component, tasks after, ms the topology was paused to drain: 0 without a pause)
+        self.rescales: list[tuple[str, str, int, float]] = []
         self._build()
         self.checkpointer: Checkpointer | None = self._make_checkpointer()
 
@@ -274,13 +277,17 @@ class LocalEngine:
             return None
         async with self._rescaling:
             keyed = component in self.key_owners
+            self._drained_ms = 0.0
             if keyed and not await self._pause_drained():
                 return None
             try:
-                return self._start_task(component)
+                task = self._start_task(component)
             finally:
                 if keyed:
                     self._resume()
+            if task is not None:
+                self.rescales.append(("add", component, len(self.task_ids[component]), self._drained_ms))
+            return task
 
     def _start_task(self, component: str) -> BoltTask | None:
         c = self.topology.components[component]
@@ -317,6 +324,7 @@ class LocalEngine:
         if component not in self.scalable or self.stopping or len(ids) <= 1:
             return None
         async with self._rescaling:
+            self._drained_ms = 0.0
             victim = ids[-1]
             task = next(b for b in self.bolt_tasks if b.task_id == victim)
             keyed = component in self.key_owners
@@ -330,6 +338,7 @@ class LocalEngine:
                     await self._retire(task)
                 finally:
                     self._resume()
+                self.rescales.append(("remove", component, len(ids), self._drained_ms))
                 return victim
             ids.remove(victim)
             self._retarget(component)
@@ -338,6 +347,7 @@ class LocalEngine:
                 self._retarget(component)
                 return None
             await self._retire(task)
+            self.rescales.append(("remove", component, len(ids), 0.0))
             return victim
 
     def _retarget(self, component: str) -> None:
@@ -427,7 +437,9 @@ class LocalEngine:
     async def _pause_drained(self) -> bool:
         """Spouts hold at their next call boundary until everything in flight is processed."""
         self.run_state.paused = True
+        t0 = time.monotonic()
         if await self._settle(self._motion):
+            self._drained_ms = (time.monotonic() - t0) * 1000
             return True
         self._resume()
         log.warning("autoscaling: the topology did not drain within drain_timeout_s; not rescaled")
