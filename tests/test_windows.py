@@ -306,7 +306,8 @@ def channel_harness(bolt: Bolt, tasks: tuple[int, ...] = (1, 2)) -> BoltHarness:
 
 
 def test_the_watermark_is_the_least_over_upstream_tasks_and_waits_for_a_silent_one() -> None:
-    h = channel_harness(TumblingWindow(60, key_fields=["user"]))
+    clock = Clock(0.0)
+    h = channel_harness(TumblingWindow(60, key_fields=["user"], clock=clock))
     assert from_task(h, 1, (500, "a", 1)) == []          # task 2 has sent nothing: no watermark yet
     assert h.bolt.watermark == -math.inf
     assert from_task(h, 2, (30, "b", 1)) == []           # min(500, 30) = 30
@@ -315,6 +316,24 @@ def test_the_watermark_is_the_least_over_upstream_tasks_and_waits_for_a_silent_o
     assert from_task(h, 2, (61, "b", 1)) == [["b", 0, 60, 2]]    # task 2 passed 60; task 1 long ago
     assert from_task(h, 1, (501, "a", 1)) == []          # task 1 moving on closes nothing: 61 is the least
     assert h.bolt.watermark == 61
+
+
+def test_a_silent_upstream_task_holds_the_watermark_for_channel_idle_s_then_not() -> None:
+    clock = Clock(0.0)
+    h = channel_harness(TumblingWindow(60, key_fields=["user"], clock=clock))    # channel_idle_s: 60
+    assert h.bolt.tick_interval_s == 1.0
+    from_task(h, 1, (500, "a", 1))
+    clock.now = 59.0
+    assert from_task(h, 1, (501, "a", 1)) == []           # task 2 never sent: still waited for
+    assert h.tick() == [] and h.bolt.watermark == -math.inf
+    clock.now = 60.0
+    assert h.tick() == []                                 # task 2 left out now: task 1's 501 is the least
+    assert h.bolt.watermark == 501
+    never = channel_harness(TumblingWindow(60, key_fields=["user"], clock=clock, channel_idle_s=None))
+    from_task(never, 1, (500, "a", 1))
+    clock.now = 10**6
+    never.tick()
+    assert never.bolt.watermark == -math.inf             # None: waits for ever (Flink's default)
 
 
 def test_one_max_over_all_tasks_would_make_the_slow_task_late_the_minimum_does_not() -> None:
@@ -330,9 +349,9 @@ def test_one_max_over_all_tasks_would_make_the_slow_task_late_the_minimum_does_n
     assert len(h.emitted) == len(counts)
 
 
-def test_an_idle_upstream_task_stops_holding_the_watermark_after_idle_s() -> None:
+def test_an_idle_upstream_task_stops_holding_the_watermark_after_channel_idle_s() -> None:
     clock = Clock(1000.0)
-    h = channel_harness(TumblingWindow(60, key_fields=["user"], idle_s=5, clock=clock))
+    h = channel_harness(TumblingWindow(60, key_fields=["user"], channel_idle_s=5, clock=clock))
     from_task(h, 1, (10, "a", 1))
     from_task(h, 2, (20, "b", 1))
     clock.now = 1003.0

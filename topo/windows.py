@@ -32,12 +32,12 @@ given, so tests are exact) and closes windows on the tick (``tick_s``) once ``cl
 passes their end.
 
 **Idle and finite inputs.** The engine tells each task its upstream tasks; one that has
-sent nothing yet holds the watermark back. With ``idle_s`` set, an upstream task that
-sent nothing for ``idle_s`` seconds is left out of the minimum until it sends again (its
-tuples behind the watermark are then late: Flink's ``withIdleness``), and a task that
-received nothing at all for ``idle_s`` lets its watermark advance with the clock (on the
-tick), so the last windows close while the source is quiet. Without ``idle_s`` a silent
-upstream task holds the watermark until the input ends: set it for unbounded inputs.
+sent nothing yet holds the watermark back. An upstream task that sent nothing for
+``channel_idle_s`` (60 s; ``None``: wait for ever, as Flink without ``withIdleness``) is
+left out of the minimum until it sends again (its tuples then behind the watermark are
+late), so a quiet channel does not stall the windows for ever. With ``idle_s`` set, a
+task that received nothing at all for ``idle_s`` seconds lets its watermark advance
+with the clock (on the tick), so the last windows close while the source is quiet.
 When every spout has run out by itself (a bounded input, not a stop), the local engine
 calls ``end_of_input`` and every open window closes (Flink's MAX_WATERMARK), so a
 bounded file gives complete results. A file source from ``topo.sources.files`` also
@@ -249,7 +249,7 @@ class WindowedBolt(_Keyed):
                  as_field: str | None = None, time: str = "event", timestamp_field: str = "ts",
                  lateness_s: float = 0, late_stream: str | None = "late",
                  late_fields: Sequence[str] | None = None, end_stream: str = END_STREAM,
-                 idle_s: float | None = None, tick_s: float = 1.0,
+                 idle_s: float | None = None, channel_idle_s: float | None = 60.0, tick_s: float = 1.0,
                  clock: Callable[[], float] | None = None) -> None:
         super().__init__(key_fields, agg, value_field, as_field)
         if time not in ("event", "processing"):
@@ -258,19 +258,23 @@ class WindowedBolt(_Keyed):
             raise ValueError(f"lateness_s must be >= 0, got {lateness_s!r}")
         if idle_s is not None and idle_s <= 0:
             raise ValueError(f"idle_s must be > 0, got {idle_s!r}")
+        if channel_idle_s is not None and channel_idle_s <= 0:
+            raise ValueError(f"channel_idle_s must be > 0 (or None: wait for ever), got {channel_idle_s!r}")
         self.time = time
         self.timestamp_field = timestamp_field
         self.lateness_s = lateness_s
         self.late_stream = late_stream if time == "event" else None
         self.end_stream = end_stream
         self.idle_s = idle_s
+        self.channel_idle_s = channel_idle_s
         self.clock = clock or _time.time
         if late_fields is None:
             late_fields = [*self.key_fields, timestamp_field] + ([value_field] if value_field else [])
         self.late_fields = tuple(dict.fromkeys(late_fields))
         if self.late_stream:
             self.outputs[self.late_stream] = self.late_fields
-        self.tick_interval_s = tick_s if (time == "processing" or idle_s is not None) else None
+        ticks = time == "processing" or idle_s is not None or channel_idle_s is not None
+        self.tick_interval_s = tick_s if ticks else None
         self.late_count = 0
 
     def prepare(self, context: TaskContext, collector: OutputCollector) -> None:
@@ -329,9 +333,9 @@ class WindowedBolt(_Keyed):
         now = self.clock()
         if self.time == "processing":
             self._advance(now)
-        elif self.idle_s is not None:
-            self._advance_inputs()           # a channel may have gone idle since
-            if now - self._last_arrival >= self.idle_s and self._max:
+        else:
+            self._advance_inputs()           # an upstream task may have gone idle since
+            if self.idle_s is not None and now - self._last_arrival >= self.idle_s and self._max:
                 furthest = [max(seen.values()) for seen in self._max.values() if seen]
                 if furthest:   # the whole task is idle: its watermark moves on with the clock
                     self._advance(min(furthest) - self.lateness_s + (now - self._last_arrival))
@@ -362,12 +366,12 @@ class WindowedBolt(_Keyed):
 
     def _input_watermark(self, group: Any, now: float) -> Any:
         """The least largest timestamp over the input's upstream tasks (Flink's per-channel
-        minimum), leaving out a task idle for ``idle_s``; -inf while a task the engine
-        named has not sent yet (unless idle), +inf once the input ended."""
+        minimum), leaving out a task quiet for ``channel_idle_s``; -inf while a task the
+        engine named has not sent yet (unless idle), +inf once the input ended."""
         if group in self._done:
             return INF
         seen = self._max.get(group, {})
-        idle_s = self.idle_s
+        idle_s = self.channel_idle_s
 
         def idle(task: int) -> bool:
             return idle_s is not None and now - self._arrival.get(task, self._started) >= idle_s
