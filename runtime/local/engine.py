@@ -480,6 +480,7 @@ class LocalEngine:
                            component_of, movable, keyed)
         for s in self.spout_tasks:
             s.outbox.gate = gate.admit
+            s.outbox.batch_size = self.config["backpressure.window.batch"]   # W6: a spout's batches
             s.outcome_hook = functools.partial(gate.on_outcome, s.task_id)
         return gate
 
