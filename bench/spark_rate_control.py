@@ -22,7 +22,8 @@ Two scenarios, run in the same process with every controller interleaved:
 
 The document's source is sized against its cluster (the burst exceeds the average
 processing rate, the average does not); here ``calibrate`` measures the rate this
-machine sustains with one-interval batches and, unless ``--per-period`` is given,
+machine sustains with one-interval batches (twice; the larger is kept, since other
+load on the machine only ever lowers it) and, unless ``--per-period`` is given,
 sizes the burst at ``burst_factor`` (1.6) times it, so the backlog a burst builds
 drains in the quiet half (the average is 0.8 times capacity).
 
@@ -350,7 +351,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     spark = get_session(a.master, shuffle_partitions=2, log_level="ERROR")
     try:
         warm_up(spark, a.work, a.partitions, a.interval_ms)
-        capacity = calibrate(spark, a.work, a.partitions, a.interval_ms)
+        # Two measurements, the larger kept: what the machine sustains when others' load
+        # leaves it alone, as a user would measure it before setting a static cap.
+        measured = [calibrate(spark, a.work, a.partitions, a.interval_ms) for _ in range(2)]
+        capacity = max(measured)
         per_period = a.per_period or int(capacity * a.burst_factor * 5.0)
         print(f"capacity ~{capacity:.0f} rows/s; bursty source: {per_period} records in the first 5 s of every 10 s",
               flush=True)
@@ -397,7 +401,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "setup": {"quick": a.quick, "duration_s": a.duration, "warmup_s": a.warmup, "per_period": per_period,
                   "period_s": 10.0, "burst_fraction": 0.5, "interval_ms": a.interval_ms, "work_rounds": a.work,
                   "drop_factor": a.drop_factor, "partitions": a.partitions, "master": a.master,
-                  "measured_capacity_rows_per_s": capacity, "target_ci95_fraction": a.target_ci,
+                  "measured_capacity_rows_per_s": capacity, "capacity_measurements_rows_per_s": measured, "target_ci95_fraction": a.target_ci,
                   "time_cap_s": a.time_cap, "min_repeats": a.min_repeats, "max_repeats": a.max_repeats},
         "stopped": {"reason": stop_reason, "repeats": min(len(rs) for d in runs.values() for rs in d.values()),
                     "ci95_not_under_target": left, "verdict": verdict},
