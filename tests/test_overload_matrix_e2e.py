@@ -12,6 +12,9 @@ ZooKeeper: the overload is made to happen, then lifted, and the test asserts
   its published state;
 * (f) the first task stepped is the slow bolt's *direct* upstream, the relay.
 
+(d) and (e) run once more with ``backpressure.flat_queue_holds`` and
+``backpressure.release_window_ms`` (the matrix's ``stepwise+flat``).
+
 Nothing here asserts on wall time; the waits only bound a hang.
 """
 from __future__ import annotations
@@ -95,20 +98,24 @@ def _g(box: Ctl, tracked: bool) -> Topology:
 
 
 BUILD = {"a": _a, "b": _b, "c": _c, "d": _d, "e": _e, "f": _f, "g": _g}
-CASES = [(k, False) for k in BUILD] + [("a", True), ("b", True)]
+# Settings beyond the document, as the matrix's stepwise+flat row runs them (scenarios d and e).
+FLAT = {"backpressure.flat_queue_holds": True, "backpressure.release_window_ms": 50}
+CASES = [(k, False, "") for k in BUILD] + [("a", True, ""), ("b", True, ""), ("d", False, "flat"),
+                                           ("e", False, "flat")]
 
 
-def _config(acking: bool) -> Any:
+def _config(acking: bool, settings: str = "") -> Any:
     return resolve({"queue.high_mark": "32KB", "queue.low_mark": "8KB", "queue.hard_bound": "64KB",
                     "backpressure.sensitivity_ms": 100, "backpressure.step": 0.5,
-                    "drain_timeout_s": 60, "acking": acking})
+                    "drain_timeout_s": 60, "acking": acking, **(FLAT if settings == "flat" else {})})
 
 
-@pytest.mark.parametrize(("key", "acking"), CASES, ids=[f"{k}-acking-{'on' if a else 'off'}" for k, a in CASES])
+@pytest.mark.parametrize(("key", "acking", "settings"), CASES,
+                         ids=[f"{k}-acking-{'on' if a else 'off'}" + (f"-{s}" if s else "") for k, a, s in CASES])
 async def test_overload_scenario_loses_nothing_keeps_the_bound_and_returns_to_originv(
-        backend: Backend, key: str, acking: bool) -> None:
+        backend: Backend, key: str, acking: bool, settings: str) -> None:
     box = Ctl()
-    cfg = _config(acking)
+    cfg = _config(acking, settings)
     topology = BUILD[key](box, acking)
     fc = StepwiseFlowControl(StepwiseParams.from_config(cfg), backend.coordinator(topology.name))
     engine = LocalEngine(topology, cfg, flow=fc)
