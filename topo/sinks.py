@@ -346,7 +346,8 @@ class _BatchSink(Bolt):
 
     def __init__(self, fields: Sequence[str], flush_rows: int, flush_interval_s: float) -> None:
         owner = type(self).__name__
-        self.fields = [str(f) for f in fields] if not isinstance(fields, str) else []
+        names = isinstance(fields, (list, tuple)) and all(isinstance(f, str) for f in fields)
+        self.fields = list(fields) if names else []
         if not self.fields or len(set(self.fields)) != len(self.fields):
             raise ValueError(f"{owner}: fields must be a list of distinct field names, got {fields!r}")
         if not isinstance(flush_rows, int) or flush_rows < 1:

@@ -84,7 +84,8 @@ class RedisStreamSpout(Spout):
             raise ValueError(f"RedisStreamSpout: stream must be a key name, got {stream!r}")
         if not isinstance(group, str) or not group:
             raise ValueError(f"RedisStreamSpout: group must be a name, got {group!r}")
-        self.fields = [str(f) for f in fields] if not isinstance(fields, str) else []
+        names = isinstance(fields, (list, tuple)) and all(isinstance(f, str) for f in fields)
+        self.fields = list(fields) if names else []
         if not self.fields or len(set(self.fields)) != len(self.fields):
             raise ValueError(f"RedisStreamSpout: fields must be a list of distinct names, got {fields!r}")
         if values not in ("json", "text"):
