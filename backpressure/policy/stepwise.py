@@ -116,7 +116,7 @@ Two more settings (off in the document)
   task's last step (by more than 1/32 of the high mark: a batch or two) and is under
   halfway from the high mark to the hard bound is not stepped again, as if it were
   falling: the rate in force matches the capacity, and the document's further step
-  would idle the bottleneck (scenario (d): a burst held at the high mark). Nearer the
+  would take it under (scenario (d): a burst held at the high mark). Nearer the
   bound an upstream may be waiting on the queue, so a flat queue there proves nothing.
 """
 from __future__ import annotations
