@@ -108,8 +108,10 @@ class Scaler(Protocol):
 
     ``add_task`` returns the new task's handle once it runs (its upstreams already route
     to it); ``remove_task`` drains one task of the component and returns its id. Both
-    return None when the engine declines (e.g. fields grouping without movable keyed
-    state). The engine keeps every upstream's ``upstream_task_ids`` view consistent.
+    return None when the engine declines (at ``max_parallelism`` or one task, while
+    stopping, or when the topology did not drain in time); what it could not keep exact
+    (fields grouping into state it cannot move) it refuses before the run. The engine
+    keeps every task's ``upstream_task_ids`` view consistent.
     """
 
     async def add_task(self, component: str) -> TaskHandle | None: ...
