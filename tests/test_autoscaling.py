@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import urllib.request
 from collections import Counter as Tally
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 
 from coord_backends import until
 from runtime.local.engine import LocalEngine
+from runtime.observe.prometheus import MetricsService
 from test_backpressure_e2e import Shared, config
 from topo.api import Bolt, FieldIndex, Spout, Tuple
 from topo.config import ConfigError
@@ -177,7 +179,8 @@ async def test_a_shuffle_task_added_and_removed_while_running_loses_nothing(acki
     b.spout("src", Words(n))
     b.bolt("relay", Relay(seen), parallelism=2).shuffle("src")
     b.bolt("sink", Sink(seen)).global_("relay")
-    engine = LocalEngine(b.build(), adaptive(acking=acking))
+    exporter = MetricsService(port=0)
+    engine = LocalEngine(b.build(), adaptive(acking=acking), services=[exporter])
     run = asyncio.create_task(engine.run())
     await until(lambda: sum(seen.words.values()) > 2_000, 20, what="traffic")
     added = await engine.add_task("relay")
@@ -187,6 +190,8 @@ async def test_a_shuffle_task_added_and_removed_while_running_loses_nothing(acki
     sink = next(t for t in engine.tasks if t.component == "sink")
     assert sink.upstream_task_ids == [2, 3, new]
     await until(lambda: seen.by_task[new] > 500, 20, what="the new task getting traffic")
+    scrape = await asyncio.to_thread(lambda: urllib.request.urlopen(exporter.url, timeout=5).read().decode())
+    assert f'topo_tuples_executed_total{{component="relay",task="{new}"' in scrape   # its metrics are served
     assert await engine.remove_task("relay") == new
     at_removal = seen.by_task[new]
     assert engine.task_ids["relay"] == [2, 3] and new not in engine.queues
