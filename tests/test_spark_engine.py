@@ -18,7 +18,7 @@ import pytest
 from runtime.local.engine import run as run_local
 from runtime.spark import engine as spark_engine
 from runtime.spark.result_store import read_rows
-from topo.api import Bolt
+from topo.api import Bolt, ComponentError
 from topo.examples.wordcount import DEFAULT_SENTENCES, expected_counts
 from topo.sinks import read_table
 from topo.sources import FileLog, MessageLogSpout, SyntheticSource, SyntheticSpout, Constant
@@ -175,7 +175,8 @@ def test_failing_bolt_fails_the_run_with_its_error(spark, tmp_path):
     b = TopologyBuilder("exploding")
     b.spout("gen", SyntheticSpout("constant", rate=10_000, partitions=1, total=10))
     b.bolt("bad", Exploding()).shuffle("gen")
-    with pytest.raises(RuntimeError, match="boom in execute"):
+    with pytest.raises(ComponentError, match=r"^bolt 'bad': execute raised ValueError: boom in execute \(on Spark; "
+                                             r"run again with --debug for the full trace\)$"):
         spark_engine.run(b.build(), {"spark.sink": "none"}, spark=spark, duration=120)
 
 

@@ -291,3 +291,185 @@ def test_log_producer_cli(tmp_path, monkeypatch, capsys):
     values = sorted(r[3] for p in range(2) for r in log.read(p, 0, log.latest()[p]))
     assert values == ["one", "three", "two"]
     assert "3 records" in capsys.readouterr().out
+
+
+# -- on a cluster: shipping the user's code, what executors can reach, one-line failures ----------
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_user_modules_follow_local_imports_and_leave_installed_code(tmp_path, monkeypatch):
+    """A component's module, the module it imports inside a function, and a package it
+    imports (whole, with its relative imports) are shipped; topo, the standard library and
+    installed distributions are not."""
+    import zipfile
+
+    from runtime.spark.shipping import build_zip, imported_names, user_modules
+
+    _write(tmp_path / "ship_bolts.py", "import json\nimport topo.api\nimport ship_pkg.inner\n"
+                                       "def f():\n    from ship_helper import x\n    import yaml\n")
+    _write(tmp_path / "ship_helper.py", "x = 1\n")
+    _write(tmp_path / "ship_pkg" / "__init__.py", "")
+    _write(tmp_path / "ship_pkg" / "inner.py", "from . import deeper\n")
+    _write(tmp_path / "ship_pkg" / "deeper.py", "y = 2\n")
+    _write(tmp_path / "ship_pkg" / "__pycache__" / "junk.py", "")
+    _write(tmp_path / "unrelated.py", "z = 3\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert imported_names((tmp_path / "ship_bolts.py").read_text()) == {"json", "topo", "ship_pkg", "ship_helper",
+                                                                       "yaml"}
+    modules = user_modules(["ship_bolts.SomeBolt"])
+    assert [m.name for m in modules] == ["ship_bolts", "ship_helper", "ship_pkg"]
+    with zipfile.ZipFile(build_zip(modules, tmp_path / "code.zip")) as z:
+        assert sorted(z.namelist()) == ["ship_bolts.py", "ship_helper.py", "ship_pkg/__init__.py",
+                                        "ship_pkg/deeper.py", "ship_pkg/inner.py"]
+
+
+def test_roots_are_the_classes_of_components_and_of_their_attributes():
+    from runtime.spark.shipping import roots_of
+    from topo.examples.wordcount import SplitBolt
+
+    bolt = SplitBolt()
+    bolt.helper = json.JSONDecoder()
+    assert {"topo.examples.wordcount", "topo.api", "json.decoder", "builtins"} <= roots_of([bolt])
+
+
+@pytest.mark.parametrize("master,here", [
+    ("local[2]", True), ("local", True), ("spark://127.0.0.1:7077", True), ("spark://localhost:7077", True),
+    ("spark://127.0.0.1:7077,127.0.0.1:7078", True), ("spark://10.0.0.5:7077", False),
+    ("spark://127.0.0.1:7077,10.0.0.5:7077", False), ("yarn", False), ("k8s://https://10.0.0.1:6443", False)])
+def test_a_cluster_is_on_this_machine_only_behind_a_loopback_master(master, here):
+    from runtime.spark.placement import on_this_machine
+
+    assert on_this_machine(master) is here
+
+
+def _log_topology(root: str) -> "Any":
+    from topo.examples.wordcount import SplitBolt
+
+    b = TopologyBuilder("placed")
+    b.spout("lines", MessageLogSpout(root, "lines", columns=("value",), fields=("sentence",)))
+    b.bolt("split", SplitBolt(), 2).shuffle("lines")
+    return b.build()
+
+
+def test_placement_refuses_what_executors_elsewhere_cannot_reach(tmp_path):
+    from runtime.spark.placement import PlacementError, check
+    from topo.sinks import SQLiteSink
+
+    FileLog(tmp_path / "log", "lines", partitions=1)
+    remote = "spark://10.0.0.5:7077"
+    topo = _log_topology(str(tmp_path / "log"))
+    sources = {"lines": topo.components["lines"].instance().source()}
+    check(topo, {}, "spark://127.0.0.1:7077", sources, [])            # on this machine: all shared
+    with pytest.raises(PlacementError, match=r"spout 'lines' reads the file log .* spark.shared_dir") as e:
+        check(topo, {}, remote, sources, [])
+    assert (e.value.component, e.value.key) == ("lines", "kwargs.log")
+    check(topo, {"spark.shared_dir": str(tmp_path)}, remote, sources, [])   # under the shared mount
+    with pytest.raises(PlacementError, match="absolute path"):
+        check(topo, {"spark.shared_dir": "shared"}, remote, sources, [])
+
+    b = TopologyBuilder("sinking")
+    b.spout("gen", PlainSpout())
+    b.bolt("store", SQLiteSink(str(tmp_path / "x.db"), "t", ["x"], ["x"])).shuffle("gen")
+    with pytest.raises(PlacementError, match="bolt 'store' writes the file .*x.db from Spark's executors") as e:
+        check(b.build(), {"spark.shared_dir": str(tmp_path)}, remote, {}, [])
+    assert (e.value.component, e.value.key) == ("store", "kwargs.path")
+
+    empty = TopologyBuilder("stateful")
+    empty.spout("gen", PlainSpout())
+    with pytest.raises(PlacementError, match="bolts count keep state") as e:
+        check(empty.build(), {}, remote, {}, ["count"])
+    assert e.value.key == "spark.checkpoint_dir"
+    with pytest.raises(PlacementError, match="spark.checkpoint_dir /data/ckpt is a local path"):
+        check(empty.build(), {"spark.checkpoint_dir": "/data/ckpt"}, remote, {}, ["count"])
+    check(empty.build(), {"spark.checkpoint_dir": "hdfs://nn:8020/ckpt"}, remote, {}, ["count"])
+    check(empty.build(), {"spark.shared_dir": str(tmp_path)}, remote, {}, ["count"])
+    check(empty.build(), {"spark.checkpoint_dir": "/data/ckpt"}, remote, {}, [])   # stateless: driver only
+
+
+def test_a_placement_refusal_is_one_line_naming_the_yaml_key_before_spark_starts(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent
+    FileLog(tmp_path / "log", "lines", partitions=1)
+    (tmp_path / "t.yaml").write_text(
+        "name: placed\nspouts:\n  - id: lines\n    class: topo.sources.MessageLogSpout\n"
+        "    kwargs: {log: log, topic: lines, columns: [value], fields: [sentence]}\n"
+        "bolts:\n  - {id: split, class: topo.examples.wordcount.SplitBolt}\n"
+        "streams:\n  - {from: lines, to: split, grouping: {type: shuffle}}\n")
+    env = dict(os.environ, PYTHONPATH=str(repo))
+    proc = subprocess.run([sys.executable, "-m", "topo.cli", "run", "--engine", "spark", "--master",
+                           "spark://10.0.0.5:7077", "t.yaml"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        "t.yaml:5: spouts[0].kwargs.log: spout 'lines' reads the file log 'log', and on spark://10.0.0.5:7077 "
+        "executors may run on other machines: put the log on storage every machine mounts at the same path "
+        "and name that directory in spark.shared_dir, or use a redis:// log"]
+
+
+def test_a_bolt_failure_names_the_bolt_and_the_users_exception():
+    from runtime.spark.bolts import FAILURE_PREFIX, BoltFailure, Runner, StagePlan
+
+    class Raising(Bolt):
+        outputs = ["x"]
+
+        def execute(self, tup):
+            raise ValueError("no\nsuch key")
+
+    plan = StagePlan("explode", Raising, 1, "t", {}, "partition", {("gen", "default"): ("id",)}, {"default": ("x",)})
+    runner = Runner(plan, plan.instance())
+    with pytest.raises(BoltFailure) as e:
+        runner.run(runner.tuple_of("gen", "default", msgpack.packb([1])))
+    assert str(e.value) == "bolt 'explode': execute raised ValueError: no such key"
+    assert FAILURE_PREFIX == "runtime.spark.bolts.BoltFailure: "
+
+
+TRACE = """An exception was raised by the Python Proxy. Return Message: Traceback (most recent call last):
+  File "/x/pyspark/sql/utils.py", line 120, in call
+    self.func(DataFrame(jdf, wrapped_session_jdf), batch_id)
+pyspark.errors.exceptions.captured.PythonException: An exception was thrown from the Python worker:
+Traceback (most recent call last):
+  File "/x/worker.py", line 4207, in invoke_udf
+    raise BoltFailure(self.component, self.call.__name__, e) from e
+runtime.spark.bolts.BoltFailure: bolt 'explode': execute raised ValueError: no room
+ SQLSTATE: 38000
+\tat org.apache.spark.api.python.BasePythonRunner$ReaderIterator.handlePythonException(PythonRunner.scala:1097)
+"""
+
+
+def test_failure_line_finds_the_bolt_then_the_first_python_exception():
+    from runtime.spark.engine import failure_line
+
+    assert failure_line(TRACE) == "bolt 'explode': execute raised ValueError: no room"
+    missing = ("[PYTHON_EXCEPTION] An exception was thrown from the Python worker: Traceback (most recent call last):\n"
+               "  File \"/x/serializers.py\", line 483, in loads\n    return cloudpickle.loads(obj)\n"
+               "           ^^^^^\nModuleNotFoundError: No module named 'bench'\n SQLSTATE: 38000\n\tat x.y(Z.scala:1)\n")
+    assert failure_line("Query failed.\n" + missing) == "ModuleNotFoundError: No module named 'bench'"
+    assert failure_line("java.lang.OutOfMemoryError: Java heap space\n\tat a.b") == \
+        "java.lang.OutOfMemoryError: Java heap space"
+
+
+def test_enter_workdir_keeps_relative_import_paths_working(tmp_path, monkeypatch):
+    import os
+    import sys
+
+    from runtime.spark.bolts import enter_workdir
+
+    here, there = tmp_path / "executor", tmp_path / "driver"
+    here.mkdir()
+    there.mkdir()
+    _write(here / "shipped_mod_x.py", "VALUE = 42\n")
+    monkeypatch.chdir(here)
+    monkeypatch.setattr(sys, "path", [".", *sys.path])
+    enter_workdir(str(there))
+    assert Path.cwd() == there and os.path.normpath(sys.path[0]) == str(here)
+    import shipped_mod_x
+
+    assert shipped_mod_x.VALUE == 42
+    sys.modules.pop("shipped_mod_x", None)

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
@@ -96,8 +97,17 @@ FAILURE_PREFIX = f"{BoltFailure.__module__}.{BoltFailure.__name__}: "
 
 
 def enter_workdir(path: str | None) -> None:
-    """Make ``path`` this Python worker's working directory (no-op for None)."""
-    if path and os.getcwd() != path:
+    """Make ``path`` this Python worker's working directory (no-op for None).
+
+    Spark puts the shipped zips on ``sys.path`` relative to the executor's directory
+    (``./topo-code-*.zip``); they are made absolute first, and the importers cached
+    under the relative names dropped, or imports would look for them in ``path``."""
+    if not path:
+        return
+    here = os.getcwd()
+    if here != path:
+        sys.path[:] = [p if os.path.isabs(p) else os.path.join(here, p) for p in sys.path]
+        sys.path_importer_cache.clear()
         os.chdir(path)
 
 

@@ -344,7 +344,7 @@ def failure_line(text: str) -> str:
         return text[at + len(FAILURE_PREFIX):].splitlines()[0].strip()
     lines = text.splitlines()
     for i, line in enumerate(lines):
-        if line.strip() == "Traceback (most recent call last):":
+        if line.rstrip().endswith("Traceback (most recent call last):"):
             for after in lines[i + 1:]:
                 if after and not after[0].isspace():
                     return " ".join(after.split())

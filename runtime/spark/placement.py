@@ -95,7 +95,7 @@ def check(topology: Topology, cfg: Mapping[str, Any], master: str, sources: Mapp
     for cid, source in sources.items():
         if isinstance(source, FileLog) and not _under(source.root, shared):
             raise PlacementError(
-                f"spout {cid!r} reads the file log {source.root}, and {where}: put the log on storage "
+                f"spout {cid!r} reads the file log {source.root!r}, and {where}: put the log on storage "
                 "every machine mounts at the same path and name that directory in spark.shared_dir, "
                 "or use a redis:// log", component=cid, key="kwargs.log")
     for c in topology.components.values():
