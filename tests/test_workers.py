@@ -50,10 +50,11 @@ def test_placement_spreads_each_component_round_robin() -> None:
     assert owner == {1: 0, 2: 1, 3: 0, 4: 1, 5: 0}
 
 
-@pytest.mark.parametrize("workers", [1, 2, 3])
-def test_word_counts_are_exact_with_any_number_of_workers(tmp_path: Path, workers: int) -> None:
+@pytest.mark.parametrize("workers, checkpoints", [(1, "null"), (2, "null"), (3, "null"), (2, "300")])
+def test_word_counts_are_exact_with_any_number_of_workers(tmp_path: Path, workers: int, checkpoints: str) -> None:
+    """(and with checkpoints across workers: the supervisor's global cuts, the last one sealing the table)"""
     proc = subprocess.run(TOPO + ["run", str(ROOT / "configs" / "wordcount.yaml"), "--quiet", "--workers",
-                                  str(workers), "--config", "checkpoint.interval_ms=null"],
+                                  str(workers), "--config", f"checkpoint.interval_ms={checkpoints}"],
                           cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert dict(read_table(str(tmp_path / "wordcount.db"), "word_counts")) == dict(expected_counts(repeat=2000))
@@ -158,6 +159,8 @@ def test_what_cannot_run_in_workers_is_one_line() -> None:
         check_shippable(t, resolve(t.config, {}))
     for policy in ("source_stop", "watermark"):          # these cross workers now
         check_shippable(t, resolve(t.config, {"backpressure.policy": policy}))
+    with pytest.raises(TopologyError, match="spout 'numbers' keeps no offsets to resume from"):
+        check_shippable(t, resolve(t.config, {"checkpoint.interval_ms": 100, "backpressure.policy": "none"}))
 
     class Local(Pass):
         pass

@@ -20,6 +20,14 @@ same meaning, the degenerate case of Chandy-Lamport in which every channel is em
 4. once the write committed, every component is told ``checkpoint_complete(id)``: a
    sink commits the output it sealed for that checkpoint, once per id.
 
+Across worker processes (``workers: N``) the cut is the same, made global by the
+supervisor (``runtime.local.workers``): it tells every worker to ``pause``, waits until
+every worker's spouts hold, every worker is quiescent and the batches sent between
+workers equal those received (twice, with the same totals), then asks each worker for
+its ``snapshot`` (which resumes its spouts), writes the checkpoint itself (one writer)
+and tells every worker it is ``complete``. Such a checkpointer is *driven*
+(``interval_s`` None): it takes no checkpoint of its own.
+
 What bounds a checkpoint's duration is step 2: the data in flight when the spouts
 paused must be processed, at most every queue's hard bound at the bottleneck's rate,
 the same bound an aligned barrier waiting behind a full queue has. The bottleneck
@@ -69,7 +77,7 @@ class Checkpointer:
 
     def __init__(self, store: CheckpointStore, fingerprint: dict[str, Any], run: RunState,
                  spouts: Sequence[SpoutTask], bolts: Sequence[BoltTask], quiescent: Callable[[], bool], *,
-                 interval_s: float, timeout_s: float) -> None:
+                 interval_s: float | None, timeout_s: float) -> None:
         self.store = store
         self.fingerprint = fingerprint
         self.run = run
@@ -104,7 +112,14 @@ class Checkpointer:
 
     # -- running -----------------------------------------------------------------------------
 
+    @property
+    def driven(self) -> bool:
+        """Checkpoints are taken when a supervisor says (one worker of several), not here."""
+        return self.interval_s is None
+
     async def loop(self) -> None:
+        if self.interval_s is None:
+            return
         while True:
             await asyncio.sleep(self.interval_s)
             if self.run.stopping:
@@ -116,6 +131,8 @@ class Checkpointer:
 
         ``final``: the run is ending and has drained; the last checkpoint seals its output.
         """
+        if self.driven:
+            return False         # the supervisor takes every checkpoint, the final one too
         run = self.run
         started = time.monotonic()
         run.paused = True
@@ -171,6 +188,27 @@ class Checkpointer:
             await asyncio.gather(self._writing, return_exceptions=True)
             self._writing = None
         self.store.close()
+
+    # -- driven by a supervisor (one worker of several) ----------------------------------------
+
+    def pause(self) -> None:
+        """Spouts hold at their next call boundary (the global cut is being drained)."""
+        self.run.paused = True
+
+    def resume(self) -> None:
+        self.run.paused = False
+        for s in self.spouts:
+            s.wake()
+
+    def holding(self) -> bool:
+        """Every spout is parked at a call boundary, or will emit nothing more."""
+        return self._spouts_holding()
+
+    def complete(self, checkpoint_id: int) -> None:
+        """The supervisor wrote checkpoint ``checkpoint_id``: sinks commit what they sealed."""
+        self.stats.last_id = checkpoint_id
+        self.stats.completed += 1
+        self._complete(checkpoint_id)
 
     def _complete(self, checkpoint_id: int) -> None:
         for t in self._tasks():

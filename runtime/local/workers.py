@@ -19,8 +19,14 @@ domain sockets (``transport``). It then watches them:
 * **A worker that dies** (``kill -9``) is started again with the same tasks. Batches
   it had not processed are gone; with acking on, their spout tuples time out at
   their owners and are replayed, so nothing is lost; a spout that lived in the dead
-  worker starts again from its source's beginning (at-least-once: without
-  checkpoints, which do not yet span workers, it re-emits what it had emitted).
+  worker starts again from its source's beginning (at-least-once).
+* **Checkpoints** (``checkpoint.interval_ms``): the supervisor takes them, one global
+  drained cut each (``_checkpoint``: pause every worker's spouts, wait for the same
+  drain as the end of a run, take every worker's snapshot, write the checkpoint itself:
+  one writer, one row), and tells every worker it is complete (sinks commit). A worker
+  that dies, or a tuple that fails (``Rollback`` in its worker), rolls *every* worker
+  back to the last checkpoint: all are started again and each restores its tasks from
+  it, so results stay exact (``checkpoint.max_rollbacks`` in a row, then one line).
 
 Flow control across workers: stepwise signals need a coordinator every worker sees.
 With ``coordinator: zookeeper://...`` that is ZooKeeper; with the embedded default the
@@ -62,7 +68,10 @@ from prometheus_client.registry import Collector
 from topo.config import ResolvedConfig, resolve
 from backpressure.drivers.factory import WORKER_GRAPH, serve_coordinator
 from topo.topology import Topology, TopologyError
-from runtime.local.engine import LocalEngine, RunResult
+from topo.api import CheckpointError
+from runtime.local.checkpoint_store import CheckpointStore
+# (the checkpointer and Rollback are the engine's: reached through its module)
+from runtime.local.engine import Checkpointer, LocalEngine, Rollback, RunResult, topology_fingerprint
 from runtime.local.placement import place
 from runtime.local.transport import WorkerNetwork
 from runtime.observe.prometheus import CollectorRegistry, MetricsService
@@ -87,8 +96,11 @@ def check_shippable(topology: Topology, config: dict[str, Any]) -> None:
         raise TopologyError(f"metrics.port {port}: worker i serves its metrics on metrics.port + i, and "
                             f"{port} + {workers - 1} is over 65535")
     if config.get("checkpoint.interval_ms") is not None:
-        raise TopologyError("checkpoints do not span worker processes yet: set workers: 1 or "
-                            "checkpoint.interval_ms: null")
+        for c in topology.components.values():
+            if c.kind == "spout" and not type(c.instance()).has_state():
+                raise TopologyError(f"checkpoint.interval_ms is set but spout {c.id!r} keeps no offsets to resume "
+                                    f"from: it must implement snapshot_state/restore_state (the spouts of "
+                                    f"topo.sources do)")
     try:
         pickle.dumps(topology)
     except Exception as e:
@@ -107,6 +119,26 @@ def topology_graph(topology: Topology) -> dict[str, tuple[bool, list[int], list[
                        sorted({i.source for i in c.inputs}))
         next_id += c.parallelism
     return graph
+
+
+def fingerprint_of(topology: Topology) -> dict[str, Any]:
+    """The whole topology's checkpoint fingerprint (no worker has an instance of every component)."""
+    return topology_fingerprint([(c.id, c.kind, c.instance(), c.parallelism) for c in topology.components.values()])
+
+
+class WorkerEngine(LocalEngine):
+    """One worker's engine. With checkpoints on its checkpointer is driven: the supervisor
+    takes every checkpoint as one global cut and writes it; this engine restores its own
+    tasks from it at start and rolls back (``Rollback``) when a tuple fails."""
+
+    def _make_checkpointer(self) -> Checkpointer | None:
+        cfg = self.config
+        if cfg["checkpoint.interval_ms"] is None:
+            return None
+        self.run_state.rollback_on_failure = True
+        store = CheckpointStore(cfg["checkpoint.dir"], self.topology.name, cfg["checkpoint.keep"])
+        return Checkpointer(store, fingerprint_of(self.topology), self.run_state, self.spout_tasks,
+                            self.bolt_tasks, self._quiescent, interval_s=None, timeout_s=cfg["checkpoint.timeout_s"])
 
 
 # -- the worker side -----------------------------------------------------------------------
@@ -164,7 +196,8 @@ async def _worker(topology: Topology, config: ResolvedConfig, worker: int, worke
     streams = {c.id: dict(c.outputs) for c in topology.components.values()}
     network = WorkerNetwork(directory, worker, placement.owner, workers, streams)
     exporter = WorkerMetrics.for_worker(config, worker)
-    engine = LocalEngine(topology, config, network=network, services=[exporter] if exporter else [])
+    engine = WorkerEngine(topology, config, network=network, services=[exporter] if exporter else [])
+    checkpointer = engine.checkpointer
     loop = asyncio.get_running_loop()
 
     def on_command() -> None:
@@ -178,9 +211,21 @@ async def _worker(topology: Topology, config: ResolvedConfig, worker: int, worke
             return
         if cmd[0] == "report":
             report = engine.report()
+            report["holding"] = checkpointer.holding() if checkpointer is not None else True
             if len(cmd) > 1 and cmd[1]:        # for the console and the status file
                 report["records"] = [s.snapshot() for s in engine.stats]
             conn.send(report)
+        elif checkpointer is not None and cmd[0] in ("pause", "resume", "snapshot", "complete"):
+            if cmd[0] == "pause":
+                checkpointer.pause()
+            elif cmd[0] == "resume":
+                checkpointer.resume()
+            elif cmd[0] == "snapshot":            # drained: this instant is the cut
+                states = checkpointer.snapshot()
+                checkpointer.resume()
+                conn.send(("states", states))
+            else:
+                checkpointer.complete(cmd[1])
         elif cmd[0] == "stop":
             engine.request_stop(cmd[1])
         elif cmd[0] == "finish":
@@ -192,6 +237,8 @@ async def _worker(topology: Topology, config: ResolvedConfig, worker: int, worke
     try:
         result = await engine.run()
         conn.send(("result", result.reason, result.stats))
+    except Rollback as e:            # the whole topology goes back to its last checkpoint
+        conn.send(("rollback", str(e)))
     except BaseException as e:       # the supervisor prints it and stops the others
         conn.send(("error", f"{type(e).__name__}: {e}"))
         raise
@@ -209,6 +256,7 @@ class _Worker:
     restarts: int = 0
     result: tuple[str, list[TaskStats]] | None = None
     error: str | None = None
+    rollback: str | None = None        # why this worker asks the topology to roll back
 
 
 @dataclass
@@ -227,12 +275,28 @@ class Supervisor:
     records: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     want_records: bool = False
     records_every: float = 0.1
+    # Checkpoints (``checkpoint.interval_ms``): the supervisor takes them (one writer) and
+    # rolls every worker back to the last one when a worker dies or a tuple fails.
+    store: CheckpointStore | None = None
+    last_checkpoint: int = 0
+    checkpoints: int = 0               # taken by this run
+    rollbacks: int = 0                 # in a row, without a checkpoint between
+    rolled_back: int = 0               # in all
 
     def start(self) -> None:
         ctx = mp.get_context("spawn")
         self._ctx = ctx
         self.coordinator, extra = serve_coordinator(self.config, self.directory)
         self.worker_config = {**self.config, **extra, WORKER_GRAPH: topology_graph(self.topology)}
+        if self.config["checkpoint.interval_ms"] is not None:
+            cfg = self.config
+            self.store = CheckpointStore(cfg["checkpoint.dir"], self.topology.name, cfg["checkpoint.keep"])
+            self._fingerprint = fingerprint_of(self.topology)
+            if not cfg["checkpoint.restore"]:
+                self.store.discard()            # once, here: every worker restores what is left
+            latest = self.store.latest()
+            self.last_checkpoint = latest.id if latest is not None else 0
+            self.worker_config["checkpoint.restore"] = True
         for i in range(self.workers):
             self.procs.append(self._spawn(i))
 
@@ -271,6 +335,8 @@ class Supervisor:
             w.result = (msg[1], msg[2])
         elif msg[0] == "error":
             w.error = msg[1]
+        elif msg[0] == "rollback":
+            w.rollback = msg[1]
 
     def _tell(self, *cmd: Any) -> None:
         for w in self.procs:
@@ -291,8 +357,13 @@ class Supervisor:
         drain_deadline: float | None = None
         previous: tuple[int, int] | None = None
         next_records = 0.0
+        interval = self.config["checkpoint.interval_ms"]
+        next_checkpoint = time.monotonic() + interval / 1000.0 if self.store is not None else float("inf")
         while True:
             time.sleep(_POLL_S)
+            if not self.stopping and time.monotonic() >= next_checkpoint:
+                self._checkpoint()
+                next_checkpoint = time.monotonic() + interval / 1000.0
             records = self.want_records and time.monotonic() >= next_records
             if records:
                 next_records = time.monotonic() + self.records_every
@@ -305,17 +376,25 @@ class Supervisor:
                 self._finish(False)
                 raise RuntimeError(f"worker failed: {errors[0]}")
             reports = []
+            rollback = ""
             for w in self.procs:
                 if not w.process.is_alive() and w.result is None:
                     self._drain_pipe(w)
                     if w.error:
                         break
-                    if w.result is None:
+                    if w.rollback or (w.result is None and self.store is not None):
+                        rollback = w.rollback or f"worker {w.index} exited (code {w.process.exitcode})"
+                    elif w.result is None:
                         self._restart(w)
                     continue
                 r = self._ask(w, records)
                 if r is not None:
                     reports.append(r)
+                rollback = rollback or w.rollback or ""
+            if rollback:
+                self._roll_back(rollback)
+                previous = None
+                continue
             if self.finish_now or (drain_deadline is not None and time.monotonic() >= drain_deadline):
                 return self._finish(False)
             if len(reports) == len(self.procs) and all(r["spouts_done"] and r["quiescent"] for r in reports):
@@ -324,10 +403,95 @@ class Supervisor:
                 # cannot match; quiescence that holds with unchanged totals must do.
                 balanced = totals[0] == totals[1] or any(w.restarts for w in self.procs)
                 if balanced and totals == previous:
+                    if self.store is not None and not self._checkpoint():   # the last one seals the output
+                        previous = None
+                        continue
                     return self._finish(True)
                 previous = totals
             else:
                 previous = None
+
+    # -- checkpoints across workers ----------------------------------------------------------
+
+    def _checkpoint(self) -> bool:
+        """One global drained cut: pause every spout, wait until nothing is in flight anywhere,
+        take every worker's snapshot (which resumes it), write the checkpoint, tell them all.
+        False when it was abandoned (a worker gone, ``checkpoint.timeout_s``, a second signal)."""
+        assert self.store is not None
+        self._tell("pause")
+        deadline = time.monotonic() + self.config["checkpoint.timeout_s"]
+        previous: tuple[int, int] | None = None
+        while True:
+            time.sleep(_POLL_S)
+            reports = [self._ask(w) for w in self.procs]
+            if any(r is None for r in reports) or self.finish_now:
+                self._tell("resume")
+                return False                 # the watch loop sees what happened to the worker
+            if all(r["holding"] and r["quiescent"] for r in reports):  # type: ignore[index]
+                totals = (sum(r["sent"] for r in reports), sum(r["received"] for r in reports))  # type: ignore[index]
+                if totals[0] == totals[1] and totals == previous:
+                    break
+                previous = totals
+            else:
+                previous = None
+            if time.monotonic() >= deadline:
+                self._tell("resume")
+                log.warning("checkpoint abandoned: the workers did not drain within %.1f s (checkpoint.timeout_s)",
+                            self.config["checkpoint.timeout_s"])
+                return False
+        self._tell("snapshot")
+        states: dict[str, dict[int, bytes]] = {}
+        for w in self.procs:
+            reply = self._await(w, "states")
+            if reply is None:
+                return False
+            for component, tasks in reply[1].items():
+                states.setdefault(component, {}).update(tasks)
+        cid = self.store.next_id(self.last_checkpoint)
+        self.store.save(cid, self._fingerprint, states)
+        self.last_checkpoint, self.rollbacks = cid, 0
+        self.checkpoints += 1
+        self._tell("complete", cid)
+        return True
+
+    def _await(self, w: _Worker, kind: str) -> Any:
+        """The worker's next message of ``kind`` (reports in between are dropped), or None."""
+        deadline = time.monotonic() + 30
+        try:
+            while time.monotonic() < deadline:
+                if w.conn.poll(0.05):
+                    msg = w.conn.recv()
+                    if isinstance(msg, tuple) and msg and msg[0] == kind:
+                        return msg
+                    if not isinstance(msg, dict):
+                        self._final(w, msg)
+                        return None
+                elif not w.process.is_alive():
+                    return None
+        except (EOFError, OSError):
+            return None
+        return None
+
+    def _roll_back(self, why: str) -> None:
+        """Every worker starts again from the last checkpoint: spouts from its offsets, bolts
+        from its state, sinks skipping what it already committed."""
+        self.rollbacks += 1
+        self.rolled_back += 1
+        if self.rollbacks > self.config["checkpoint.max_rollbacks"]:
+            self._finish(False)
+            raise CheckpointError(f"{why}; gave up after {self.rollbacks - 1} rollbacks to the last checkpoint in a "
+                                  f"row (checkpoint.max_rollbacks)")
+        self.worker_config["message_timeout_s"] = self.worker_config["message_timeout_s"] * 2
+        log.warning("%s: every worker rolls back to checkpoint %d (message_timeout_s now %g s)", why,
+                    self.last_checkpoint, self.worker_config["message_timeout_s"])
+        for w in self.procs:
+            if w.process.is_alive():
+                w.process.kill()
+            w.process.join(10)
+            w.conn.close()
+        self.procs = [self._spawn(w.index, w.restarts) for w in self.procs]
+        if self.stopping:
+            self._tell("stop", self.stopping)
 
     def _drain_pipe(self, w: _Worker) -> None:
         try:
@@ -377,6 +541,8 @@ class Supervisor:
         coordinator, self.coordinator = self.coordinator, None
         if coordinator is not None:
             coordinator.stop()
+        if self.store is not None:
+            self.store.close()
 
 
 class _Reported:

@@ -1,10 +1,11 @@
-"""A stage that is slow for its first tuples, then fast (shipped to worker processes)."""
+"""Components the worker-process flow-control and checkpoint tests ship to workers."""
 from __future__ import annotations
 
 import time
 from typing import Any
 
 from topo.api import Bolt, EndOfStream, Spout, Tuple
+from topo.state import KeyedBolt
 
 
 class SlowThenFast(Bolt):
@@ -37,3 +38,14 @@ class Padded(Spout):
             raise EndOfStream
         self.collector.emit([self.i, self.pad], msg_id=self.i)
         self.i += 1
+
+
+class KeyedWordCount(KeyedBolt):
+    """Counts words with per-key state (checkpointed with the topology); emits (word, count)."""
+
+    outputs = ["word", "count"]
+    key_fields = ("word",)
+
+    def process(self, tup: Tuple, state: dict[str, Any]) -> None:
+        state["n"] = state.get("n", 0) + 1
+        self.collector.emit([tup["word"], state["n"]])

@@ -1,0 +1,115 @@
+"""Checkpoints across worker processes: the supervisor takes one global drained cut, and a
+worker killed with -9 rolls every worker back to the last checkpoint, so a word count with
+keyed state (a ``KeyedBolt``) ends with exactly the input's counts."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from topo.examples.wordcount import expected_counts
+from topo.sinks import read_table
+
+sys.path.insert(0, str(Path(__file__).parent))      # test_checkpoints' REPLAYING topology
+
+ROOT = Path(__file__).resolve().parents[1]
+TOPO = [sys.executable, "-m", "topo.cli"]
+
+pytestmark = pytest.mark.timeout(300)
+
+REPEAT = 2000
+WORDS = f"""
+name: keyedwords
+config:
+  acking: true
+  max_spout_pending: 2000
+  checkpoint.interval_ms: 200
+spouts:
+  - {{id: sentences, class: topo.examples.wordcount.SentenceSpout, kwargs: {{repeat: {REPEAT}}}}}
+bolts:
+  - {{id: split, class: topo.examples.wordcount.SplitBolt, parallelism: 2}}
+  - {{id: count, class: worker_slow.KeyedWordCount, parallelism: 2}}
+  - id: sink
+    class: topo.sinks.SQLiteSink
+    kwargs: {{path: words.db, table: word_counts, fields: [word, count], key_fields: [word]}}
+streams:
+  - {{from: sentences, to: split, grouping: {{type: shuffle}}}}
+  - {{from: split, to: count, grouping: {{type: fields, fields: [word]}}}}
+  - {{from: count, to: sink, grouping: {{type: fields, fields: [word]}}}}
+"""
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests" / "data"), env.get("PYTHONPATH", "")])
+    return env
+
+
+def _workers_of(pid: int) -> list[int]:
+    """The worker processes a ``topo run`` started (multiprocessing's spawned children)."""
+    out = []
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"spawn_main" in cmdline:
+            out.append(int(child))
+    return sorted(out)
+
+
+def _checkpoints(tmp_path: Path) -> int:
+    path = tmp_path / "checkpoints" / "keyedwords.checkpoints.sqlite"
+    if not path.exists():
+        return 0
+    with sqlite3.connect(path) as conn:
+        return conn.execute("SELECT count(*) FROM checkpoints").fetchone()[0]
+
+
+def test_a_worker_killed_with_minus_9_rolls_every_worker_back_and_the_counts_are_exact(tmp_path: Path) -> None:
+    (tmp_path / "words.yaml").write_text(WORDS)
+    proc = subprocess.Popen(TOPO + ["run", "words.yaml", "--workers", "2", "--quiet"], cwd=tmp_path, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    kills = 0
+    try:
+        for at in (2.0, 4.5):
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and (len(_workers_of(proc.pid)) < 2 or not _checkpoints(tmp_path)):
+                time.sleep(0.1)
+            time.sleep(at / 2)
+            victims = _workers_of(proc.pid)
+            if proc.poll() is None and victims:
+                os.kill(victims[kills % len(victims)], signal.SIGKILL)
+                kills += 1
+                time.sleep(at / 2)
+    finally:
+        out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err[-2000:]
+    assert kills == 2
+    rolled = re.findall(r"every worker rolls back to checkpoint (\d+)", err)
+    assert len(rolled) == 2 and all(int(cid) > 0 for cid in rolled), err[-2000:]   # to a real checkpoint
+    assert dict(read_table(str(tmp_path / "words.db"), "word_counts")) == dict(expected_counts(repeat=REPEAT))
+
+
+def test_tuples_that_time_out_in_workers_roll_every_worker_back_and_the_counts_are_exact(tmp_path: Path) -> None:
+    """A failed tuple tree (timeouts: 200 sentences in flight before a 1 ms/word stage, a 1 s
+    message timeout) raises Rollback in the worker whose spout owns it; the supervisor rolls
+    every worker back to the last checkpoint (the timeout doubling each time)."""
+    from test_checkpoints import REPLAYING
+
+    yaml = REPLAYING.replace("max_spout_pending: 2000", "max_spout_pending: 200").replace("repeat: 300", "repeat: 60")
+    assert yaml != REPLAYING
+    (tmp_path / "replaying.yaml").write_text(yaml)
+    proc = subprocess.run(TOPO + ["run", "replaying.yaml", "--workers", "2", "--quiet", "--config",
+                                  "checkpoint.interval_ms=100", "--config", "message_timeout_s=1"],
+                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "timeout: every worker rolls back to checkpoint" in proc.stderr     # timeouts did happen
+    assert dict(read_table(str(tmp_path / "wordcount.db"), "word_counts")) == dict(expected_counts(repeat=60))
