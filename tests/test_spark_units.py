@@ -3,6 +3,7 @@ feedback loop on fake progress, admission arithmetic, the reader's offsets and
 partitions, topology mapping checks, and the idempotent result store."""
 from __future__ import annotations
 
+import functools
 import json
 import time
 from pathlib import Path
@@ -364,6 +365,10 @@ def test_placement_refuses_what_executors_elsewhere_cannot_reach(tmp_path):
     topo = _log_topology(str(tmp_path / "log"))
     sources = {"lines": topo.components["lines"].instance().source()}
     check(topo, {}, "spark://127.0.0.1:7077", sources, [])            # on this machine: all shared
+    with pytest.raises(PlacementError, match=r"the driver listens on 127.0.0.1 \(SPARK_LOCAL_IP\)") as e:
+        check(topo, {"spark.shared_dir": str(tmp_path)}, remote, sources, [])     # executors cannot call back
+    assert e.value.key == "spark.master"
+    check = functools.partial(check, driver_host="10.0.0.9")
     with pytest.raises(PlacementError, match=r"spout 'lines' reads the file log .* spark.shared_dir") as e:
         check(topo, {}, remote, sources, [])
     assert (e.value.component, e.value.key) == ("lines", "kwargs.log")
@@ -402,7 +407,7 @@ def test_a_placement_refusal_is_one_line_naming_the_yaml_key_before_spark_starts
         "    kwargs: {log: log, topic: lines, columns: [value], fields: [sentence]}\n"
         "bolts:\n  - {id: split, class: topo.examples.wordcount.SplitBolt}\n"
         "streams:\n  - {from: lines, to: split, grouping: {type: shuffle}}\n")
-    env = dict(os.environ, PYTHONPATH=str(repo))
+    env = dict(os.environ, PYTHONPATH=str(repo), SPARK_LOCAL_IP="10.0.0.9")   # checked before anything binds
     proc = subprocess.run([sys.executable, "-m", "topo.cli", "run", "--engine", "spark", "--master",
                            "spark://10.0.0.5:7077", "t.yaml"], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=120)

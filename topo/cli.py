@@ -204,7 +204,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-_FLAGS = {"engine": "engine", "coordinator": "zk", "metrics.port": "metrics_port", "workers": "workers"}
+_FLAGS = {"engine": "engine", "coordinator": "zk", "metrics.port": "metrics_port", "workers": "workers",
+          "spark.master": "master"}
 
 
 def setting_source(spec: TopologySpec, args: argparse.Namespace, key: str) -> str:

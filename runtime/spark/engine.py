@@ -61,6 +61,7 @@ from runtime.spark.placement import check as check_placement
 from runtime.spark.placement import executor_workdir, is_local, on_this_machine
 from runtime.spark.plan import build, needs_tws, stage_plans, terminal_streams
 from runtime.spark.result_store import BatchSink, open_sink
+from runtime.spark.session import driver_host
 from runtime.spark.shipping import build_zip, roots_of, user_modules
 from topo.api import ComponentError
 from topo.config import resolve
@@ -148,7 +149,8 @@ def run(topology: Topology, config: Mapping[str, Any] | None = None, *, master: 
     interval_s = float(cfg["spark.trigger_interval_ms"]) / 1000.0
     master_url = spark.sparkContext.master if spark is not None else (master or cfg["spark.master"])
     stateful = [cid for cid, p in plans.items() if p.mode != "partition"]
-    check_placement(topology, cfg, master_url, {s.id: s.instance().source() for s in topology.spouts}, stateful)
+    check_placement(topology, cfg, master_url, {s.id: s.instance().source() for s in topology.spouts}, stateful,
+                    driver_host())
     workdir = executor_workdir(master_url)
     for plan in plans.values():
         plan.workdir = workdir

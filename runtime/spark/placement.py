@@ -12,9 +12,10 @@ cases, by the master URL:
   Python workers enter the directory ``topo run`` was started from (``workdir``), so a
   relative path means what it means on ``local[*]``.
 * **any other master** (a standalone master on a routable address, ``yarn``,
-  ``k8s://``): executors may run on other machines. What they would read or write as a
-  local file is refused at start, in one line naming the component or setting
-  (``check``): a file-backed message log unless it lies under ``spark.shared_dir`` (a
+  ``k8s://``): executors may run on other machines. They connect back to the driver, so
+  a driver listening on loopback (``SPARK_LOCAL_IP`` unset or 127.0.0.1) is refused; and
+  what they would read or write as a local file is refused at start, in one line naming
+  the component or setting (``check``): a file-backed message log unless it lies under ``spark.shared_dir`` (a
   directory every machine mounts at the same path); a bolt that writes a file (a
   ``SQLiteSink``: SQLite over a network mount is not safe, and the file would be on
   whichever machine ran the task); stateful bolts without a shared
@@ -60,7 +61,7 @@ def on_this_machine(master: str) -> bool:
         return False
     hosts = [h.rsplit(":", 1)[0] if not h.startswith("[") else h.split("]")[0] + "]"
              for h in m.group("hosts").split(",")]
-    return all(h in _LOOPBACK or h.startswith("127.") for h in hosts)
+    return all(_loopback(h) for h in hosts)
 
 
 def executor_workdir(master: str) -> str | None:
@@ -80,15 +81,24 @@ def _under(path: str, shared: str | None) -> bool:
     return os.path.commonpath([os.path.realpath(path), os.path.realpath(shared)]) == os.path.realpath(shared)
 
 
+def _loopback(host: str) -> bool:
+    return host in _LOOPBACK or host.startswith("127.")
+
+
 def check(topology: Topology, cfg: Mapping[str, Any], master: str, sources: Mapping[str, Any],
-          stateful: list[str]) -> None:
+          stateful: list[str], driver_host: str = "127.0.0.1") -> None:
     """Raise ``PlacementError`` for the first thing executors on other machines cannot
     reach (module docstring); ``sources`` are the spouts' sources by component id,
-    ``stateful`` the ids of the bolts whose state the executors keep."""
+    ``stateful`` the ids of the bolts whose state the executors keep, ``driver_host``
+    the address the driver listens on (executors connect back to it)."""
     if on_this_machine(master):
         return
     shared = cfg.get("spark.shared_dir")
     where = f"on {master} executors may run on other machines"
+    if _loopback(driver_host):
+        raise PlacementError(
+            f"the driver listens on {driver_host} (SPARK_LOCAL_IP), and {where}, which connect back to it: "
+            "set SPARK_LOCAL_IP to an address of this machine they can reach", key="spark.master")
     if shared and not os.path.isabs(shared):
         raise PlacementError(f"spark.shared_dir must be an absolute path that every machine mounts "
                              f"(got {shared!r})", key="spark.shared_dir")

@@ -1,8 +1,9 @@
 """Starting a SparkSession the way the engine needs it.
 
 * ``PYSPARK_PYTHON`` defaults to this interpreter (the venv's), ``SPARK_LOCAL_IP`` to
-  ``127.0.0.1``; the driver binds to 127.0.0.1 and the web UI is off, so nothing
-  listens beyond loopback.
+  ``127.0.0.1``; the driver binds to ``SPARK_LOCAL_IP`` and the web UI is off, so
+  nothing listens beyond loopback unless the user sets ``SPARK_LOCAL_IP`` (which a
+  cluster on other machines needs: its executors connect back to the driver).
 * The driver JVM gets ``-Xss32m``: stopping a streaming query walks deep plans and can
   overflow the default stack.
 * The driver logs through ``log4j2.properties`` beside this module (to the terminal), or
@@ -48,6 +49,11 @@ def prepare_environment() -> None:
         os.environ["PYTHONWARNINGS"] = ",".join(w for w in (given, quiet) if w)
 
 
+def driver_host() -> str:
+    """The address the driver listens on: ``SPARK_LOCAL_IP``, 127.0.0.1 unless set."""
+    return os.environ.get("SPARK_LOCAL_IP") or "127.0.0.1"
+
+
 def java_options(log_file: str | None) -> str:
     """The driver JVM's options: the stack size and where log4j writes (module docstring)."""
     if log_file is None:
@@ -65,8 +71,8 @@ def get_session(master: str = "local[*]", *, shuffle_partitions: int | None = No
 
     builder = (SparkSession.builder.master(master).appName(app_name)
                .config("spark.driver.extraJavaOptions", java_options(log_file))
-               .config("spark.driver.host", "127.0.0.1")
-               .config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.driver.host", driver_host())
+               .config("spark.driver.bindAddress", driver_host())
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.streaming.metricsEnabled", "false")
