@@ -183,6 +183,8 @@ ELSEWHERE = {
     "topo run --engine spark configs/wordcount.yaml":
         "tests/test_spark_engine.py::test_wordcount_same_counts_on_local_and_spark",
     "pip install 'topo[spark]'": "make test installs the same extra; tests/test_spark_engine.py needs it",
+    "topo run --engine spark --master spark://127.0.0.1:7077 configs/wordcount.yaml":
+        "tests/test_spark_cluster.py::test_wordcount_on_the_cluster_gives_the_local_engines_counts (free ports)",
     "prometheus --config.file=configs/prometheus.yml --storage.tsdb.path=/tmp/topo-prom \\":
         "tests/test_prometheus.py runs a real Prometheus",
     "--web.listen-address=127.0.0.1:9090": "the line above's continuation",
