@@ -148,12 +148,7 @@ def run(topology: Topology, config: Mapping[str, Any] | None = None, *, master: 
         _check_tws_available()
     interval_s = float(cfg["spark.trigger_interval_ms"]) / 1000.0
     master_url = spark.sparkContext.master if spark is not None else (master or cfg["spark.master"])
-    stateful = [cid for cid, p in plans.items() if p.mode != "partition"]
-    check_placement(topology, cfg, master_url, {s.id: s.instance().source() for s in topology.spouts}, stateful,
-                    driver_host())
-    workdir = executor_workdir(master_url)
-    for plan in plans.values():
-        plan.workdir = workdir
+    stateful, workdir = _place(topology, cfg, plans, master_url)
     with contextlib.ExitStack() as stack:
         temp_dir = _temp_dir(stack)
         log_file = _log_file(topology.name, cfg) if spark is None else ""
@@ -185,6 +180,21 @@ def run(topology: Topology, config: Mapping[str, Any] | None = None, *, master: 
                               cfg["spark.rate_control"], writer.query_id,
                               checkpoint if cfg["spark.checkpoint_dir"] else "", cfg["spark.sink"],
                               log_file=log_file, shipped=shipped)
+
+
+def _place(topology: Topology, cfg: Mapping[str, Any], plans: dict[str, Any],
+           master: str) -> tuple[list[str], str | None]:
+    """Before Spark starts: refuse what executors on other machines cannot reach
+    (``placement``), and give every bolt the executors' working directory; returns
+    (the stateful bolts, that directory)."""
+    stateful = [cid for cid, p in plans.items() if p.mode != "partition"]
+    if not on_this_machine(master):
+        check_placement(topology, cfg, master, {s.id: s.instance().source() for s in topology.spouts},
+                        stateful, driver_host())
+    workdir = executor_workdir(master)
+    for plan in plans.values():
+        plan.workdir = workdir
+    return stateful, workdir
 
 
 def _temp_dir(stack: contextlib.ExitStack) -> str:
