@@ -289,6 +289,7 @@ class WindowedBolt(_Keyed):
         self._started = self._last_arrival
         self._arrival: dict[int, float] = {}     # upstream task -> when it last sent a tuple
         self._done: set[Any] = set()             # inputs that ended
+        self._idle: set[int] = set()             # upstream tasks quiet for channel_idle_s (on the tick)
         # the upstream tasks of each input, as the engine says (Flink waits for every channel)
         self._expected: dict[Any, set[int]] = {}
         for name, tasks in getattr(context, "inputs", {}).items():
@@ -296,6 +297,9 @@ class WindowedBolt(_Keyed):
             group = self._group_of(component, stream)
             if group is not None:
                 self._expected.setdefault(group, set()).update(tasks)
+        self._waiting = {g: set(tasks) for g, tasks in self._expected.items()}   # ... not heard from yet
+        self._track_arrivals = self.channel_idle_s is not None
+        self._least = INF        # the least input watermark last computed (INF: compute it again)
         self._ended: dict[str, list[Any]] = {}   # source component -> [tasks ended, of how many]
         self._by_key: dict[Any, list[Any]] = {}  # sessions: key -> starts of its open sessions
 
@@ -323,18 +327,34 @@ class WindowedBolt(_Keyed):
             if self.late_stream:
                 self.collector.emit(self._late_values(tup), self.late_stream)
         channel = tup.source_task
-        self._arrival[channel] = now
-        seen = self._max.setdefault(self._input_of(tup), {})
-        if ts > seen.get(channel, -INF):
+        if self._track_arrivals:
+            self._arrival[channel] = now
+            if self._idle:
+                self._idle.discard(channel)
+        group = self._input_of(tup)
+        seen = self._max.get(group)
+        if seen is None:
+            seen = self._max[group] = {}
+        last = seen.get(channel)
+        if last is None:
+            waiting = self._waiting.get(group)
+            if waiting:
+                waiting.discard(channel)
             seen[channel] = ts
             self._advance_inputs()
+        elif ts > last:
+            seen[channel] = ts
+            if last <= self._least:       # it may have held the minimum back: look again
+                self._advance_inputs()
 
     def tick(self) -> None:
         now = self.clock()
         if self.time == "processing":
             self._advance(now)
         else:
-            self._advance_inputs()           # an upstream task may have gone idle since
+            if self.channel_idle_s is not None:
+                self._mark_idle(now)
+            self._advance_inputs()
             if self.idle_s is not None and now - self._last_arrival >= self.idle_s and self._max:
                 furthest = [max(seen.values()) for seen in self._max.values() if seen]
                 if furthest:   # the whole task is idle: its watermark moves on with the clock
@@ -364,26 +384,40 @@ class WindowedBolt(_Keyed):
         input, once every source that sent an end has ended."""
         return (0,) if all(len(done) >= n for done, n in self._ended.values()) else ()
 
-    def _input_watermark(self, group: Any, now: float) -> Any:
+    def _mark_idle(self, now: float) -> None:
+        """On the tick: the upstream tasks quiet for ``channel_idle_s`` (one never heard from
+        counts from the start) are left out of the minimum until they send again."""
+        limit = now - self.channel_idle_s   # type: ignore[operator]
+        started = self._started
+        arrival = self._arrival
+        self._idle = {t for t, at in arrival.items() if at <= limit}
+        for tasks in self._waiting.values():
+            quiet = {t for t in tasks if arrival.get(t, started) <= limit}
+            tasks -= quiet
+            self._idle |= quiet
+
+    def _input_watermark(self, group: Any) -> Any:
         """The least largest timestamp over the input's upstream tasks (Flink's per-channel
-        minimum), leaving out a task quiet for ``channel_idle_s``; -inf while a task the
-        engine named has not sent yet (unless idle), +inf once the input ended."""
+        minimum), leaving out the idle ones; -inf while a task the engine named has not
+        sent yet, +inf once the input ended."""
         if group in self._done:
             return INF
-        seen = self._max.get(group, {})
-        idle_s = self.channel_idle_s
-
-        def idle(task: int) -> bool:
-            return idle_s is not None and now - self._arrival.get(task, self._started) >= idle_s
-
-        if any(t not in seen and not idle(t) for t in self._expected.get(group, ())):
+        if self._waiting.get(group):
             return -INF
-        live = [m for t, m in seen.items() if not idle(t)]
-        return min(live) if live else max(seen.values(), default=-INF)
+        seen = self._max.get(group)
+        if not seen:
+            return -INF
+        idle = self._idle
+        if idle:
+            live = [m for t, m in seen.items() if t not in idle]
+            return min(live) if live else max(seen.values())
+        return min(seen.values())
 
     def _advance_inputs(self) -> None:
-        now = self.clock()
-        self._advance(min(self._input_watermark(g, now) for g in self.watermark_inputs) - self.lateness_s)
+        inputs = self.watermark_inputs
+        wm = self._input_watermark(inputs[0]) if len(inputs) == 1 else min(map(self._input_watermark, inputs))
+        self._least = wm
+        self._advance(wm - self.lateness_s)
 
     def _on_end(self, tup: Tuple) -> None:
         seen = self._ended.setdefault(tup.source_component, [[], int(tup["tasks"])])
@@ -467,6 +501,8 @@ class WindowedBolt(_Keyed):
         for g, t, m in state["max"]:
             self._max.setdefault(g, {})[t] = m
         self._done = set(state.get("done", ()))
+        self._waiting = {g: tasks - set(self._max.get(g, ())) for g, tasks in self._expected.items()}
+        self._least = INF
         self._wm = state["wm"]
         self._ended = {c: [list(done), n] for c, done, n in state["ended"]}
         self.late_count = state.get("late", 0)
