@@ -113,3 +113,28 @@ def test_tuples_that_time_out_in_workers_roll_every_worker_back_and_the_counts_a
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "timeout: every worker rolls back to checkpoint" in proc.stderr     # timeouts did happen
     assert dict(read_table(str(tmp_path / "wordcount.db"), "word_counts")) == dict(expected_counts(repeat=60))
+
+
+def test_a_checkpoint_taken_by_workers_resumes_in_one_process(tmp_path: Path) -> None:
+    """The supervisor writes the same checkpoint rows one process writes (per component and
+    task index), so a run killed with its workers resumes with any number of them."""
+    (tmp_path / "words.yaml").write_text(WORDS)
+    proc = subprocess.Popen(TOPO + ["run", "words.yaml", "--workers", "2", "--quiet"], cwd=tmp_path, env=_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and _checkpoints(tmp_path) < 3 and proc.poll() is None:
+        time.sleep(0.05)
+    workers = _workers_of(proc.pid)
+    proc.kill()                                  # the supervisor: its workers see their pipe close
+    proc.wait(30)
+    assert _checkpoints(tmp_path) >= 3 and len(workers) == 2
+    for pid in workers:                          # (and stop without committing anything more)
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    partial = dict(read_table(str(tmp_path / "words.db"), "word_counts"))
+    expected = dict(expected_counts(repeat=REPEAT))
+    assert partial and partial != expected           # killed mid-run, after some checkpoints
+    done = subprocess.run(TOPO + ["run", "words.yaml", "--quiet"], cwd=tmp_path, env=_env(), capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert dict(read_table(str(tmp_path / "words.db"), "word_counts")) == expected
