@@ -151,8 +151,8 @@ def run(topology: Topology, config: Mapping[str, Any] | None = None, *, master: 
     stateful, workdir = _place(topology, cfg, plans, master_url)
     with contextlib.ExitStack() as stack:
         temp_dir = _temp_dir(stack)
-        log_file = _log_file(topology.name, cfg) if spark is None else ""
-        spark, own_session = _session(stack, spark, master, cfg, log_file)
+        spark, own_session = _session(stack, spark, master, cfg, _log_file(topology.name, cfg))
+        log_file = _spark_log(spark)
         shipped = _ship_code(spark, topology, temp_dir)
         state_dir = cfg["spark.state_dir"] or str(Path(temp_dir) / "state")
         Path(state_dir).mkdir(parents=True, exist_ok=True)
@@ -211,6 +211,19 @@ def _log_file(name: str, cfg: Mapping[str, Any]) -> str:
         return ""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     return os.path.join("spark-logs", f"{name}-{stamp}-{uuid.uuid4().hex[:4]}.log")
+
+
+def _spark_log(spark: Any) -> str:
+    """The file Spark's driver log goes to ("" for the terminal): set when the driver JVM
+    started, so a later session in the same process writes to the first one's file."""
+    try:
+        path = spark.sparkContext._jvm.java.lang.System.getProperty("topo.spark.log")
+    except Exception:   # pragma: no cover - a session without a py4j JVM (Spark Connect)
+        return ""
+    if not path:
+        return ""
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
 
 
 def _session(stack: contextlib.ExitStack, spark: Any, master: str | None,
