@@ -340,7 +340,8 @@ def _redact(text: str, dsn: str) -> str:
 
 class _BatchSink(Bolt):
     """What the line sinks share: rows buffered and written together (every ``flush_rows``
-    tuples, every ``flush_interval_s``, at the end), their tuples acked after the write."""
+    tuples, every ``flush_interval_s``, when a checkpoint completes, at the end), their
+    tuples acked after the write."""
 
     auto_ack = False
 
@@ -388,6 +389,10 @@ class _BatchSink(Bolt):
         self._rows = []
         self._tuples.clear()
         self._last_flush = time.monotonic()
+
+    def checkpoint_complete(self, checkpoint_id: int) -> None:
+        """A checkpoint is durable: what came before it goes out now too."""
+        self.flush()
 
     def cleanup(self) -> None:
         self.flush()
