@@ -188,6 +188,8 @@ spouts:
     kwargs: {{url: "{url}", stream: words, group: counters, fields: [word], values: text,
              id_field: id, count: 50}}
 bolts:
+  - id: paced
+    class: redis_paced.Paced
   - id: count
     class: topo.examples.wordcount.CountBolt
   - id: sink
@@ -197,14 +199,29 @@ bolts:
     class: topo.sinks.SQLiteSink
     kwargs: {{path: counts.db, table: seen, fields: [id, word], key_fields: [id]}}
 streams:
-  - {{from: words, to: count, grouping: {{type: fields, fields: [word]}}}}
+  - {{from: words, to: paced, grouping: {{type: shuffle}}}}
+  - {{from: paced, to: count, grouping: {{type: fields, fields: [word]}}}}
   - {{from: count, to: sink, grouping: {{type: fields, fields: [word]}}}}
-  - {{from: words, to: ids, grouping: {{type: shuffle}}}}
+  - {{from: paced, to: ids, grouping: {{type: shuffle}}}}
 """
+
+PACED = '''
+import time
+from topo.api import Bolt
+
+
+class Paced(Bolt):
+    """Passes tuples on at about 5 000 a second, so a run lasts long enough to be killed."""
+    outputs = ["word", "id"]
+
+    def execute(self, tup):
+        time.sleep(0.0002)
+        self.collector.emit([tup["word"], tup["id"]])
+'''
 
 
 def _run(tmp_path: Path, args: list[str], kill_after: float | None) -> None:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)]))
     cmd = [sys.executable, "-m", "topo.cli", "run", "topology.yaml", "--quiet", *args]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     if kill_after is None:
@@ -223,6 +240,7 @@ def test_killed_mid_run_then_restarted_every_entry_is_processed(redis_url: str, 
     c.delete("words")
     expected = fill(redis_url, "words", 20_000, seed=5)
     (tmp_path / "topology.yaml").write_text(TOPOLOGY.format(url=redis_url))
+    (tmp_path / "redis_paced.py").write_text(PACED)
     args = ["--config", "checkpoint.interval_ms=300"] if checkpoints else []
     rng = random.Random(2)
     was_pending = []
