@@ -22,8 +22,8 @@ Two scenarios, run in the same process with every controller interleaved:
 
 The document's source is sized against its cluster (the burst exceeds the average
 processing rate, the average does not); here ``calibrate`` measures the rate this
-machine sustains with one-interval batches (twice; the larger is kept, since other
-load on the machine only ever lowers it) and, unless ``--per-period`` is given,
+machine sustains with one-interval batches, before every round of runs (others' load
+moves it by an order of magnitude within minutes) and, unless ``--per-period`` is given,
 sizes the burst at ``burst_factor`` (1.6) times it, so the backlog a burst builds
 drains in the quiet half (the average is 0.8 times capacity).
 
@@ -348,22 +348,27 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {s: {n: [] for n in names} for s in scenarios}
     pairs = [(s, n) for s in scenarios for n in names]
     stop_reason = "max_repeats"
+    rounds_setup: list[dict[str, float]] = []
     spark = get_session(a.master, shuffle_partitions=2, log_level="ERROR")
     try:
         warm_up(spark, a.work, a.partitions, a.interval_ms)
-        # Two measurements, the larger kept: what the machine sustains when others' load
-        # leaves it alone, as a user would measure it before setting a static cap.
-        measured = [calibrate(spark, a.work, a.partitions, a.interval_ms) for _ in range(2)]
-        capacity = max(measured)
-        per_period = a.per_period or int(capacity * a.burst_factor * 5.0)
-        print(f"capacity ~{capacity:.0f} rows/s; bursty source: {per_period} records in the first 5 s of every 10 s",
-              flush=True)
         round_started = time.time()
         for r in range(a.max_repeats):
+            # The capacity is measured again before every round: others' load on the
+            # machine moves it by an order of magnitude within minutes, and a cap or a
+            # source sized from a stale figure would test a different regime. ``fixed``
+            # gets it as a user sets a static cap: from a measurement just before.
+            capacity = calibrate(spark, a.work, a.partitions, a.interval_ms)
+            per_period = a.per_period or int(capacity * a.burst_factor * 5.0)
+            rounds_setup.append({"capacity_rows_per_s": capacity, "per_period": per_period,
+                                 "load_average_1min": os.getloadavg()[0]})
+            print(f"round {r + 1}: capacity ~{capacity:.0f} rows/s; bursty source: {per_period} records in the "
+                  "first 5 s of every 10 s", flush=True)
             k = r % len(pairs)
             for scenario, name in pairs[k:] + pairs[:k]:   # rotate: the machine's load drifts
                 run = run_controller(spark, name, scenario, per_period, a.work, a.partitions, a.duration,
                                      capacity, a.interval_ms, a.warmup, a.drop_factor)
+                run["round"] = r
                 runs[scenario][name].append(run)
                 print(f"{scenario} {name} #{r}: mean sdelay {aggregate([run])['scheduling_delay_mean_ms']:.1f} ms",
                       flush=True)
@@ -398,10 +403,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     "load_average_1_5_15_at_end": list(os.getloadavg()), "nice": os.nice(0),
                     "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
                     "wall_time_s": time.time() - began, "commit": _commit()},
-        "setup": {"quick": a.quick, "duration_s": a.duration, "warmup_s": a.warmup, "per_period": per_period,
+        "setup": {"quick": a.quick, "duration_s": a.duration, "warmup_s": a.warmup, "rounds": rounds_setup,
                   "period_s": 10.0, "burst_fraction": 0.5, "interval_ms": a.interval_ms, "work_rounds": a.work,
                   "drop_factor": a.drop_factor, "partitions": a.partitions, "master": a.master,
-                  "measured_capacity_rows_per_s": capacity, "capacity_measurements_rows_per_s": measured, "target_ci95_fraction": a.target_ci,
+                  "target_ci95_fraction": a.target_ci,
                   "time_cap_s": a.time_cap, "min_repeats": a.min_repeats, "max_repeats": a.max_repeats},
         "stopped": {"reason": stop_reason, "repeats": min(len(rs) for d in runs.values() for rs in d.values()),
                     "ci95_not_under_target": left, "verdict": verdict},
