@@ -11,7 +11,8 @@ Worker's cores go to one application).
   ``wordcount.db`` as on the local engine: the sink bolt runs on the executors, which
   write relative paths in the directory ``topo run`` was started from;
 * a bolt in a module of its own next to the YAML (not installed, not on any path of the
-  executors), reading a file log by a relative path, gives the exact rows;
+  executors), reading a file log by a relative path and a Redis Streams log, gives the
+  exact rows;
 * a bolt that raises: one line naming the bolt and the exception, exit status 1, Spark's
   log in ``spark-logs/`` and not on the terminal;
 * document 001's controller (``spark.rate_control: doc001``) admits by the caps it
@@ -28,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from redis_server import redis_url  # noqa: F401  (the fixture: a redis-server on a free port)
 from spark_cluster import spark_cluster  # noqa: F401  (the fixture)
 from topo.examples.wordcount import DEFAULT_SENTENCES, expected_counts
 from topo.sinks import read_table
@@ -70,9 +72,11 @@ def test_wordcount_on_the_cluster_gives_the_local_engines_counts(spark_cluster, 
     assert list((tmp_path / "cluster" / "spark-logs").glob("wordcount-*.log"))
 
 
-def test_a_bolt_in_a_module_next_to_the_yaml_runs_on_the_cluster(spark_cluster, tmp_path):
+def test_a_bolt_in_a_module_next_to_the_yaml_runs_on_the_cluster(spark_cluster, tmp_path, redis_url):
     """``shout.py`` and the YAML in one directory, nothing installed: the driver imports
-    the module from the working directory; the executors get it only by shipping."""
+    the module from the working directory; the executors get it only by shipping. Its
+    inputs: a file log by a relative path (executors work in the driver's directory on a
+    cluster on this machine) and a Redis Streams log (read from the executors)."""
     (tmp_path / "shout.py").write_text(textwrap.dedent("""
         from topo.api import Bolt
         from shout_words import loud   # a local import of the bolt's module: shipped too
@@ -84,12 +88,16 @@ def test_a_bolt_in_a_module_next_to_the_yaml_runs_on_the_cluster(spark_cluster, 
                 self.collector.emit([tup["sentence"], loud(tup["sentence"])])
         """))
     (tmp_path / "shout_words.py").write_text("def loud(s):\n    return s.upper() + '!'\n")
-    from topo.sources import FileLog
+    from topo.sources import FileLog, RedisLog
 
     log = FileLog(tmp_path / "log", "lines", partitions=2)
     sentences = [f"sentence {i}" for i in range(300)]
     for s in sentences:
         log.produce(s)
+    remote = RedisLog(redis_url, "lines", partitions=2)
+    for i in range(200):
+        remote.produce(f"redis line {i}")
+    remote.close()
     (tmp_path / "shout.yaml").write_text(textwrap.dedent("""
         name: shout
         config:
@@ -100,19 +108,24 @@ def test_a_bolt_in_a_module_next_to_the_yaml_runs_on_the_cluster(spark_cluster, 
           - id: lines
             class: topo.sources.MessageLogSpout
             kwargs: {log: log, topic: lines, columns: [value], fields: [sentence]}
+          - id: streamed
+            class: topo.sources.MessageLogSpout
+            kwargs: {log: "REDIS", topic: lines, columns: [value], fields: [sentence]}
         bolts:
           - id: shout
             class: shout.Shout
             parallelism: 2
         streams:
           - {from: lines, to: shout, grouping: {type: shuffle}}
-        """))
+          - {from: streamed, to: shout, grouping: {type: shuffle}}
+        """).replace("REDIS", redis_url))
     proc = topo_run(["--engine", "spark", "--master", spark_cluster.url, "shout.yaml", "--quiet"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     from runtime.spark.result_store import read_rows
 
     rows = sorted((word, loud) for *_ids, word, loud in read_rows(f"sqlite:{tmp_path}/out.db", "shout"))
-    assert rows == sorted((s, s.upper() + "!") for s in sentences)
+    every = sentences + [f"redis line {i}" for i in range(200)]
+    assert rows == sorted((s, s.upper() + "!") for s in every)
 
 
 def test_a_raising_bolt_is_one_line_and_exit_status_1(spark_cluster, tmp_path):
