@@ -24,7 +24,7 @@ TOPO = [sys.executable, "-m", "topo.cli"]
 
 pytestmark = pytest.mark.timeout(300)
 
-REPEAT = 2000
+REPEAT = 3000
 WORDS = f"""
 name: keyedwords
 config:
@@ -65,34 +65,42 @@ def _workers_of(pid: int) -> list[int]:
     return sorted(out)
 
 
-def _checkpoints(tmp_path: Path) -> int:
+def _checkpoints(tmp_path: Path) -> tuple[int, int]:
+    """(rows, newest id) in the checkpoint file; (0, 0) before it has any."""
     path = tmp_path / "checkpoints" / "keyedwords.checkpoints.sqlite"
-    if not path.exists():
-        return 0
-    with sqlite3.connect(path) as conn:
-        return conn.execute("SELECT count(*) FROM checkpoints").fetchone()[0]
+    try:
+        with sqlite3.connect(path) as conn:
+            rows, newest = conn.execute("SELECT count(*), max(id) FROM checkpoints").fetchone()
+    except sqlite3.Error:            # not there yet, or its table not yet made
+        return 0, 0
+    return rows, newest or 0
 
 
 def test_a_worker_killed_with_minus_9_rolls_every_worker_back_and_the_counts_are_exact(tmp_path: Path) -> None:
     (tmp_path / "words.yaml").write_text(WORDS)
     proc = subprocess.Popen(TOPO + ["run", "words.yaml", "--workers", "2", "--quiet"], cwd=tmp_path, env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    kills = 0
+    killed: list[int] = []
     try:
-        for at in (2.0, 4.5):
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and (len(_workers_of(proc.pid)) < 2 or not _checkpoints(tmp_path)):
-                time.sleep(0.1)
-            time.sleep(at / 2)
-            victims = _workers_of(proc.pid)
-            if proc.poll() is None and victims:
-                os.kill(victims[kills % len(victims)], signal.SIGKILL)
-                kills += 1
-                time.sleep(at / 2)
+        for _ in range(2):
+            # Each kill once both workers of this generation run and took a checkpoint since the last kill.
+            last = _checkpoints(tmp_path)[1]
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and proc.poll() is None:
+                workers = _workers_of(proc.pid)
+                if len(workers) == 2 and not set(workers) & set(killed) and _checkpoints(tmp_path)[1] > last:
+                    break
+                time.sleep(0.05)
+            if proc.poll() is not None:
+                break
+            time.sleep(0.3)
+            victim = workers[len(killed) % 2]
+            os.kill(victim, signal.SIGKILL)
+            killed += workers
     finally:
         out, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err[-2000:]
-    assert kills == 2
+    assert len(killed) == 4, "the run ended before the second kill"
     rolled = re.findall(r"every worker rolls back to checkpoint (\d+)", err)
     assert len(rolled) == 2 and all(int(cid) > 0 for cid in rolled), err[-2000:]   # to a real checkpoint
     assert dict(read_table(str(tmp_path / "words.db"), "word_counts")) == dict(expected_counts(repeat=REPEAT))
@@ -122,12 +130,12 @@ def test_a_checkpoint_taken_by_workers_resumes_in_one_process(tmp_path: Path) ->
     proc = subprocess.Popen(TOPO + ["run", "words.yaml", "--workers", "2", "--quiet"], cwd=tmp_path, env=_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and _checkpoints(tmp_path) < 3 and proc.poll() is None:
+    while time.monotonic() < deadline and _checkpoints(tmp_path)[0] < 3 and proc.poll() is None:
         time.sleep(0.05)
     workers = _workers_of(proc.pid)
     proc.kill()                                  # the supervisor: its workers see their pipe close
     proc.wait(30)
-    assert _checkpoints(tmp_path) >= 3 and len(workers) == 2
+    assert _checkpoints(tmp_path)[0] >= 3 and len(workers) == 2
     for pid in workers:                          # (and stop without committing anything more)
         while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -24,8 +24,10 @@ Across worker processes (``workers: N``) the cut is the same, made global by the
 supervisor (``runtime.local.workers``): it tells every worker to ``pause``, waits until
 every worker's spouts hold, every worker is quiescent and the batches sent between
 workers equal those received (twice, with the same totals), then asks each worker for
-its ``snapshot`` (which resumes its spouts), writes the checkpoint itself (one writer)
-and tells every worker it is ``complete``. Such a checkpointer is *driven*
+its ``snapshot``, and only once it has every worker's tells them all to ``resume`` (a
+worker that went on at once would feed another's bolts before that one's snapshot);
+then it writes the checkpoint itself (one writer) and tells every worker it is
+``complete``. Such a checkpointer is *driven*
 (``interval_s`` None): it takes no checkpoint of its own.
 
 What bounds a checkpoint's duration is step 2: the data in flight when the spouts

@@ -22,8 +22,8 @@ domain sockets (``transport``). It then watches them:
   worker starts again from its source's beginning (at-least-once).
 * **Checkpoints** (``checkpoint.interval_ms``): the supervisor takes them, one global
   drained cut each (``_checkpoint``: pause every worker's spouts, wait for the same
-  drain as the end of a run, take every worker's snapshot, write the checkpoint itself:
-  one writer, one row), and tells every worker it is complete (sinks commit). A worker
+  drain as the end of a run, take every worker's snapshot, resume them all, write the
+  checkpoint itself: one writer, one row), and tells every worker it is complete (sinks commit). A worker
   that dies, or a tuple that fails (``Rollback`` in its worker), rolls *every* worker
   back to the last checkpoint: all are started again and each restores its tasks from
   it, so results stay exact (``checkpoint.max_rollbacks`` in a row, then one line).
@@ -220,10 +220,8 @@ async def _worker(topology: Topology, config: ResolvedConfig, worker: int, worke
                 checkpointer.pause()
             elif cmd[0] == "resume":
                 checkpointer.resume()
-            elif cmd[0] == "snapshot":            # drained: this instant is the cut
-                states = checkpointer.snapshot()
-                checkpointer.resume()
-                conn.send(("states", states))
+            elif cmd[0] == "snapshot":            # drained: this instant is the cut (the spouts
+                conn.send(("states", checkpointer.snapshot()))   # hold until every worker took it)
             else:
                 checkpointer.complete(cmd[1])
         elif cmd[0] == "stop":
@@ -415,7 +413,7 @@ class Supervisor:
 
     def _checkpoint(self) -> bool:
         """One global drained cut: pause every spout, wait until nothing is in flight anywhere,
-        take every worker's snapshot (which resumes it), write the checkpoint, tell them all.
+        take every worker's snapshot, resume them all, write the checkpoint, tell them all.
         False when it was abandoned (a worker gone, ``checkpoint.timeout_s``, a second signal)."""
         assert self.store is not None
         self._tell("pause")
@@ -439,14 +437,19 @@ class Supervisor:
                 log.warning("checkpoint abandoned: the workers did not drain within %.1f s (checkpoint.timeout_s)",
                             self.config["checkpoint.timeout_s"])
                 return False
+        # No worker resumes before every worker took its snapshot: a spout that went on at
+        # once would feed another worker's bolts before that worker's snapshot, and the
+        # restored state would count those tuples while the spout's offset does not.
         self._tell("snapshot")
         states: dict[str, dict[int, bytes]] = {}
         for w in self.procs:
             reply = self._await(w, "states")
             if reply is None:
+                self._tell("resume")
                 return False
             for component, tasks in reply[1].items():
                 states.setdefault(component, {}).update(tasks)
+        self._tell("resume")
         cid = self.store.next_id(self.last_checkpoint)
         self.store.save(cid, self._fingerprint, states)
         self.last_checkpoint, self.rollbacks = cid, 0
