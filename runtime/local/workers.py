@@ -277,9 +277,7 @@ class Supervisor:
     # rolls every worker back to the last one when a worker dies or a tuple fails.
     store: CheckpointStore | None = None
     last_checkpoint: int = 0
-    checkpoints: int = 0               # taken by this run
     rollbacks: int = 0                 # in a row, without a checkpoint between
-    rolled_back: int = 0               # in all
 
     def start(self) -> None:
         ctx = mp.get_context("spawn")
@@ -453,7 +451,6 @@ class Supervisor:
         cid = self.store.next_id(self.last_checkpoint)
         self.store.save(cid, self._fingerprint, states)
         self.last_checkpoint, self.rollbacks = cid, 0
-        self.checkpoints += 1
         self._tell("complete", cid)
         return True
 
@@ -479,7 +476,6 @@ class Supervisor:
         """Every worker starts again from the last checkpoint: spouts from its offsets, bolts
         from its state, sinks skipping what it already committed."""
         self.rollbacks += 1
-        self.rolled_back += 1
         if self.rollbacks > self.config["checkpoint.max_rollbacks"]:
             self._finish(False)
             raise CheckpointError(f"{why}; gave up after {self.rollbacks - 1} rollbacks to the last checkpoint in a "
