@@ -278,6 +278,8 @@ class Supervisor:
     store: CheckpointStore | None = None
     last_checkpoint: int = 0
     rollbacks: int = 0                 # in a row, without a checkpoint between
+    signals: int = 0                   # SIGINT/SIGTERM received (``signalled``) ...
+    signals_seen: int = 0              # ... and acted on by the supervisor's loop
 
     def start(self) -> None:
         ctx = mp.get_context("spawn")
@@ -341,6 +343,17 @@ class Supervisor:
             except (OSError, BrokenPipeError):
                 pass
 
+    def signalled(self) -> None:
+        """What SIGINT/SIGTERM do: only count the signal. A handler runs between any two
+        bytecodes of the main thread, possibly halfway through writing a frame to a
+        worker's pipe, so the loop of ``supervise`` acts on it, not the handler."""
+        self.signals += 1
+
+    def _act_on_signals(self) -> None:
+        while self.signals_seen < self.signals:
+            self.signals_seen += 1
+            self.request_stop("signal")
+
     def request_stop(self, reason: str) -> None:
         if self.stopping:
             self.finish_now = True        # a second signal: no drain
@@ -357,6 +370,7 @@ class Supervisor:
         next_checkpoint = time.monotonic() + interval / 1000.0 if self.store is not None else float("inf")
         while True:
             time.sleep(_POLL_S)
+            self._act_on_signals()
             if not self.stopping and time.monotonic() >= next_checkpoint:
                 self._checkpoint()
                 next_checkpoint = time.monotonic() + interval / 1000.0
@@ -419,6 +433,7 @@ class Supervisor:
         previous: tuple[int, int] | None = None
         while True:
             time.sleep(_POLL_S)
+            self._act_on_signals()
             reports = [self._ask(w) for w in self.procs]
             if any(r is None for r in reports) or self.finish_now:
                 self._tell("resume")
@@ -627,7 +642,7 @@ def run_workers(topology: Topology, config: dict[str, Any] | None = None, *, wor
         previous = {}
         if handle_signals:
             for sig in (signal.SIGINT, signal.SIGTERM):
-                previous[sig] = signal.signal(sig, lambda *_: sup.request_stop("signal"))
+                previous[sig] = signal.signal(sig, lambda *_: sup.signalled())
         beside = ServiceThread(list(services), WorkersView(sup)) if services else None
         try:
             sup.start()
