@@ -344,6 +344,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     began = time.time()
     load_start = os.getloadavg()
+    commit = _commit()   # the code measured: read now, others may commit while it runs
     names, scenarios = a.controllers.split(","), a.scenarios.split(",")
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {s: {n: [] for n in names} for s in scenarios}
     pairs = [(s, n) for s in scenarios for n in names]
@@ -402,7 +403,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "machine": {"cores": os.cpu_count(), "load_average_1_5_15_at_start": list(load_start),
                     "load_average_1_5_15_at_end": list(os.getloadavg()), "nice": os.nice(0),
                     "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-                    "wall_time_s": time.time() - began, "commit": _commit()},
+                    "wall_time_s": time.time() - began, "commit": commit},
         "setup": {"quick": a.quick, "duration_s": a.duration, "warmup_s": a.warmup, "rounds": rounds_setup,
                   "period_s": 10.0, "burst_fraction": 0.5, "interval_ms": a.interval_ms, "work_rounds": a.work,
                   "drop_factor": a.drop_factor, "partitions": a.partitions, "master": a.master,
