@@ -124,8 +124,9 @@ def fit_overhead(batches: Sequence[Any]) -> tuple[float, float]:
 
 
 def calibrate(spark: Any, rounds: int, partitions: int, interval_ms: float, seconds: float = 20.0,
-              min_batches: int = 6, attempts: int = 3) -> float:
-    """The rate (rows/s) this machine sustains with batches of one interval.
+              min_batches: int = 6, attempts: int = 3) -> tuple[float, float, float]:
+    """The rate (rows/s) this machine sustains with batches of one interval, with the
+    fit it came from: ``(rate, a, c)``.
 
     Runs Spark's DStream PID on a source that always has more than enough data (its
     ramp gives batches of many sizes), fits ``processing_time = a + rows / c`` over the
@@ -146,7 +147,7 @@ def calibrate(spark: Any, rounds: int, partitions: int, interval_ms: float, seco
             print(f"calibration: {len(result.batches)} batches, fixed cost {a * 1000:.0f} ms, {c:.0f} rows/s "
                   "marginal", flush=True)
             if c * (interval_s - a) > 0:
-                return c * (interval_s - a) / interval_s
+                return c * (interval_s - a) / interval_s, a, c
         print(f"calibration: {len(result.batches)} batches in {seconds:.0f} s, not enough to fit; again", flush=True)
     raise RuntimeError(f"calibration: no fit in {attempts} runs of {seconds:.0f} s; the machine is too loaded "
                        "for this bench (see the load average)")
@@ -359,9 +360,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             # machine moves it by an order of magnitude within minutes, and a cap or a
             # source sized from a stale figure would test a different regime. ``fixed``
             # gets it as a user sets a static cap: from a measurement just before.
-            capacity = calibrate(spark, a.work, a.partitions, a.interval_ms)
+            capacity, fixed_cost, marginal = calibrate(spark, a.work, a.partitions, a.interval_ms)
             per_period = a.per_period or int(capacity * a.burst_factor * 5.0)
             rounds_setup.append({"capacity_rows_per_s": capacity, "per_period": per_period,
+                                 "fixed_cost_per_batch_s": fixed_cost, "marginal_rows_per_s": marginal,
                                  "load_average_1min": os.getloadavg()[0]})
             print(f"round {r + 1}: capacity ~{capacity:.0f} rows/s; bursty source: {per_period} records in the "
                   "first 5 s of every 10 s", flush=True)
