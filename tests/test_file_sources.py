@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -94,7 +95,9 @@ def test_parallel_tasks_split_the_files_between_them(tmp_path: Path) -> None:
         (tmp_path / f"{i:02}.txt").write_text(f"{i}\n")
     seen = [values(SpoutHarness(TextFileSpout(str(tmp_path)), task_index=k, parallelism=3)) for k in range(3)]
     assert sorted(int(v[0]) for part in seen for v in part) == list(range(12))
-    assert all(part for part in seen)
+    for k, part in enumerate(seen):      # task k reads the files whose name's CRC-32 is k mod 3
+        mine = [i for i in range(12) if zlib.crc32(f"{i:02}.txt".encode()) % 3 == k]
+        assert mine and sorted(int(v[0]) for v in part) == mine
 
 
 def test_with_acking_the_end_is_sent_only_after_every_tuple_is_acked(tmp_path: Path) -> None:

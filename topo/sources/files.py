@@ -13,8 +13,8 @@ restart with checkpoints on (``checkpoint.interval_ms``) resumes at the exact li
 in the middle of a file (``snapshot_state`` / ``restore_state``). A tuple is tracked with
 ``msg_id = (file, byte offset of its line)``.
 
-**Parallelism.** Task ``i`` of ``n`` reads the files whose name hashes (CRC-32) to ``i``
-mod ``n``; a file is read by one task, in order.
+**Parallelism.** Task ``i`` of ``n`` reads the files whose name (without its directory)
+hashes (CRC-32) to ``i`` mod ``n``; a file is read by one task, in order.
 
 **Finite or following.** Without ``follow`` the spout reads every file to its end (an
 unterminated last line included) and ends. It then emits one tuple ``[task, tasks]`` on
@@ -107,7 +107,10 @@ class FileSpout(Spout):
 
     def _is_mine(self, file: str) -> bool:
         n = self.context.parallelism
-        return n == 1 or zlib.crc32(file.encode("utf-8", "surrogateescape")) % n == self.context.task_index
+        # The file's own name, not its path: the split stays the same wherever the
+        # directory is (and so does what a checkpoint's offsets belong to).
+        name = os.path.basename(file)
+        return n == 1 or zlib.crc32(name.encode("utf-8", "surrogateescape")) % n == self.context.task_index
 
     def open(self, context: TaskContext, collector: SpoutOutputCollector) -> None:
         super().open(context, collector)
