@@ -48,14 +48,24 @@ def _kill_and_restart(tmp_path: Path, args: list[str], kills: int, seed: int,
                       read: Callable[[Path], dict[str, int]] | None = None) -> list[dict[str, int]]:
     """``kills`` runs killed with SIGKILL at random points, then one run to the end.
     Returns the table after each killed run (``read(tmp_path)``; by default the
-    SQLite sink's word_counts), for the monotonicity check."""
+    SQLite sink's word_counts), for the monotonicity check.
+
+    The first run is killed a random time *after* its first rows are in the table
+    (a checkpoint completed), however slow the machine is to start it, so at least
+    one kill lands after a checkpoint; the others at a random time from their start."""
     read = read or (lambda d: _counts(d / "wordcount.db"))
     rng = random.Random(seed)
     seen = []
-    for _ in range(kills):
+    for i in range(kills):
         proc = subprocess.Popen(TOPO + ["run", *args, "--quiet"], cwd=tmp_path, env=_env(),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        time.sleep(rng.uniform(*window))
+        if i == 0:
+            deadline = time.monotonic() + 120
+            while not read(tmp_path) and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(rng.uniform(0, window[1] - window[0]))
+        else:
+            time.sleep(rng.uniform(*window))
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
         seen.append(read(tmp_path))
