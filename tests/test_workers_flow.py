@@ -2,7 +2,8 @@
 on a real ZooKeeper: the no-loss slow-stage scenario with the spout on worker 0 and the slow
 bolt on worker 1. The spout is throttled (source_stop: stopped; watermark: slowed by the
 topology master) by a bolt in another process, the slow bolt's queue stays under its hard
-bound, nothing is lost, and the spout is released while it still has tuples to emit.
+bound, nothing is lost, and the spout is released while it still has tuples to emit (its
+task records how far it had got when its limiter went off).
 
 The run is watched the way the console watches it: a service beside the supervisor reads
 every task of every worker (``WorkersView``), which the supervisor refreshes every 0.1 s."""
@@ -39,7 +40,6 @@ class Watcher:
     def __init__(self) -> None:
         self.max_queue = 0
         self.throttled_at: int | None = None      # spout's emitted count when first seen throttled
-        self.released_at: int | None = None       # ... and when first seen free again after that
         self._task: asyncio.Task[None] | None = None
         self.view: Any = None
 
@@ -57,9 +57,6 @@ class Watcher:
             self.max_queue = max(self.max_queue, slow["queue_bytes"])
             if spout["backpressure"] and spout["rate"] is not None and self.throttled_at is None:
                 self.throttled_at = spout["emitted"]
-            elif (self.throttled_at is not None and self.released_at is None and not spout["backpressure"]
-                  and spout["rate"] is None):
-                self.released_at = spout["emitted"]
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -89,8 +86,10 @@ def test_a_slow_bolt_in_another_worker_throttles_the_spout_nothing_lost_then_rel
     assert spout.signals_received.get("BACKPRESSURE", 0) >= 1
     assert spout.signals_received.get("RELEASE", 0) >= 1
     assert watcher.throttled_at is not None, "the spout was never seen throttled"
-    assert watcher.released_at is not None and watcher.released_at < TOTAL, \
-        "the spout was not released while it still had tuples to emit"
+    # The release is recorded by the spout's task itself: a watcher refreshed every 0.1 s can
+    # miss a release that comes shortly before a fast spout's last tuple.
+    assert spout.emitted_at_first_release is not None and spout.emitted_at_first_release < TOTAL, \
+        f"the spout was not released while it still had tuples to emit ({spout.emitted_at_first_release})"
     assert spout.rate_limit is None and not spout.backpressure
     # The bound held, and the overload was real:
     assert cfg["queue.hard_bound"] >= watcher.max_queue >= (

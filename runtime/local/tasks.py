@@ -162,6 +162,8 @@ class _TaskBase:
 
     def set_rate(self, tuples_per_second: float | None) -> None:
         if tuples_per_second is None:
+            if self.limiter.rate is not None and self.stats.emitted_at_first_release is None:
+                self.stats.emitted_at_first_release = self.stats.emitted
             self.limiter.clear_rate()
         else:
             self.limiter.set_rate(tuples_per_second)

@@ -69,6 +69,10 @@ class TaskStats:
     low_mark: int = 0
     hard_bound: int = 0
     rate_limit: float | None = None      # tuples/s; None = limiter off (written by the task only)
+    # ``emitted`` when flow control first turned the limiter off after it had been on: how
+    # far a spout had got when its first episode ended, recorded by the task itself so that
+    # a test need not catch the moment by sampling.
+    emitted_at_first_release: int | None = None
     observed_rate: float = 0.0           # EWMA of emits/s
     processed_rate: float = 0.0          # EWMA of executed input tuples/s (bolts)
     upstream: tuple[int, ...] = ()       # direct upstream task ids (who this task can throttle)
