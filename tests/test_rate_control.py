@@ -9,6 +9,7 @@ import pytest
 
 from backpressure.policy.rate_control import (AdaptiveRateController, BatchInfo, DStreamPIDController,
                                               FixedRateController, NoRateController, brelx_for,
+                                              late_start_rate,
                                               make_controller, per_partition_cap, prelx_for)
 
 
@@ -46,7 +47,7 @@ def test_per_partition_cap_floors_and_never_zero():
 # -- slow start ---------------------------------------------------------------------------
 
 def test_slow_start_is_n_per_partition_per_second():
-    c = AdaptiveRateController(1.0, 4, initial_rate_per_partition=200)
+    c = AdaptiveRateController(1.0, 4, headroom=0.0, initial_rate_per_partition=200)
     assert c.on_submit(0.0) == 800
     assert c.last_case == 0
     # still slow start while the first batch runs
@@ -57,13 +58,13 @@ def test_slow_start_is_n_per_partition_per_second():
 @pytest.mark.parametrize("n", [50, 1000, 10, 5000])
 def test_slow_start_bounds(n):
     with pytest.raises(ValueError):
-        AdaptiveRateController(1.0, 4, initial_rate_per_partition=n)
+        AdaptiveRateController(1.0, 4, headroom=0.0, initial_rate_per_partition=n)
 
 
 # -- case 1: finished, off the interval: PID with blockTime 0 --------------------------------
 
 def test_case1_pid_after_fast_batch():
-    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500, min_rate=10)
+    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
     assert c.on_submit(0.0) == 1000
     run_batch(c, 0.0, 0.5, 1000)          # processingRate 2000/s, no wait
     # error = 1000 - 2000 = -1000; historicalError = 0 -> newRate = 1000 + 1000
@@ -72,7 +73,7 @@ def test_case1_pid_after_fast_batch():
 
 
 def test_case1_pid_with_waiting_time_uses_integral_term():
-    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500, min_rate=10)
+    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
     c.on_submit(0.0)
     run_batch(c, 0.1, 1.5, 1200, wait=0.1)  # processingRate 800
     # error = 1000 - 800 = 200; hist = 0.1 * 800 / 1 = 80; new = 1000 - 200 - 0.2*80 = 784
@@ -80,7 +81,7 @@ def test_case1_pid_with_waiting_time_uses_integral_term():
 
 
 def test_min_rate_floor():
-    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500, min_rate=300)
+    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=300)
     c.on_submit(0.0)
     run_batch(c, 0.0, 10.0, 100, wait=5.0)  # processingRate 10/s
     assert c.on_submit(11.0) == 300
@@ -89,7 +90,7 @@ def test_min_rate_floor():
 # -- case 2: finished within [t_interval - prelx, t_interval] --------------------------------
 
 def test_case2_keeps_latest_rate_of_the_finished_batch():
-    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500)
+    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500)
     c.on_submit(0.0)
     run_batch(c, 0.0, 0.97, 1500)           # in [0.95, 1.0]
     assert c.on_submit(1.0) == 1000         # the cap that batch was admitted with
@@ -98,11 +99,11 @@ def test_case2_keeps_latest_rate_of_the_finished_batch():
 
 def test_case2_window_edges_are_inclusive():
     for proc in (0.95, 1.0):
-        c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500)
+        c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500)
         c.on_submit(0.0)
         run_batch(c, 0.0, proc, 1500)
         assert c.on_submit(1.0) == 1000 and c.last_case == 2
-    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500)
+    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500)
     c.on_submit(0.0)
     run_batch(c, 0.0, 0.94, 1500)
     c.on_submit(1.0)
@@ -110,7 +111,7 @@ def test_case2_window_edges_are_inclusive():
 
 
 def test_formula8_three_batches_in_window_average_their_rates():
-    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500)
+    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500)
     c.on_submit(0.0)
     run_batch(c, 0.0, 0.96, 960)     # 1000/s
     c.on_submit(1.0)
@@ -122,7 +123,7 @@ def test_formula8_three_batches_in_window_average_their_rates():
 
 
 def test_formula8_needs_all_three_in_window():
-    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500)
+    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500)
     c.on_submit(0.0)
     run_batch(c, 0.0, 0.5, 500)      # out of window
     r1 = c.on_submit(1.0)
@@ -136,14 +137,14 @@ def test_formula8_needs_all_three_in_window():
 # -- case 3: previous batch still running ------------------------------------------------------
 
 def test_case3_block_time_formula3():
-    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500)
+    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500)
     assert c.block_time(submit_time=2.0, t_batchst=1.2) == pytest.approx(0.2)
     assert c.block_time(submit_time=2.0, t_batchst=1.0) == pytest.approx(0.05)   # brelx
     assert c.block_time(submit_time=2.5, t_batchst=1.0) == pytest.approx(0.05)
 
 
 def test_case3_pid_adds_kblock_blocktime():
-    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500, min_rate=10)
+    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
     c.on_submit(0.0)                               # cap 1000
     run_batch(c, 0.0, 1.2, 1200, wait=0.1)         # pr = 1000
     c.on_batch_start(1.2)                          # the next batch starts late, still running at 2.0
@@ -160,8 +161,8 @@ def test_case3_pid_adds_kblock_blocktime():
 
 
 def test_case3_rate_is_lower_than_case1_for_the_same_history():
-    a = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500, min_rate=10)
-    b = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500, min_rate=10)
+    a = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
+    b = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
     for c in (a, b):
         c.on_submit(0.0)
         run_batch(c, 0.0, 1.2, 1200, wait=0.1)
@@ -170,7 +171,7 @@ def test_case3_rate_is_lower_than_case1_for_the_same_history():
 
 
 def test_submission_is_idempotent_without_news():
-    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500, min_rate=10)
+    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
     c.on_submit(0.0)
     run_batch(c, 0.0, 0.5, 1000)
     r1 = c.on_submit(1.0)
@@ -179,7 +180,7 @@ def test_submission_is_idempotent_without_news():
 
 
 def test_latest_rate_is_the_cap_the_batch_ran_with():
-    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500, min_rate=10)
+    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
     c.on_submit(0.0)
     run_batch(c, 0.0, 0.5, 1000)
     r1 = c.on_submit(1.0)        # 2000
@@ -189,7 +190,7 @@ def test_latest_rate_is_the_cap_the_batch_ran_with():
 
 
 def test_empty_batches_do_not_feed_the_pid_but_end_the_running_state():
-    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500, min_rate=10)
+    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
     c.on_submit(0.0)
     run_batch(c, 0.0, 0.5, 1000)
     r1 = c.on_submit(1.0)
@@ -199,7 +200,7 @@ def test_empty_batches_do_not_feed_the_pid_but_end_the_running_state():
 
 
 def test_derivative_term_when_kd_set():
-    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500, min_rate=10)
+    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
     c.kd = 0.5
     c.on_submit(0.0)
     run_batch(c, 0.0, 0.5, 1000)       # cap 1000, error_1 = -1000
@@ -275,7 +276,7 @@ def fixed_cost_batches(c, sizes, a=0.4, marginal=100_000.0, t0=0.0):
 
 def test_a_fast_batch_with_a_fixed_cost_raises_the_cap_to_the_rate_that_fills_the_interval():
     # 0.4 s per batch whatever its size, then 100,000 rows/s: an interval holds 60,000 rows.
-    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500, min_rate=10)
+    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
     t = fixed_cost_batches(c, [10_000, 20_000, 40_000])
     # elements / t_proc would say 40,000 / 0.8 = 50,000 and leave each batch 0.2 s short.
     assert c.on_submit(t) == pytest.approx(60_000)
@@ -283,7 +284,7 @@ def test_a_fast_batch_with_a_fixed_cost_raises_the_cap_to_the_rate_that_fills_th
 
 
 def test_after_a_capacity_drop_the_cut_accounts_for_the_fixed_cost():
-    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500, min_rate=10)
+    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
     t = fixed_cost_batches(c, [20_000, 40_000, 60_000])
     c.on_submit(t)
     run_batch(c, t, 0.4 + 60_000 / 50_000, 60_000)      # the per-row work doubles: 1.6 s
@@ -293,16 +294,16 @@ def test_after_a_capacity_drop_the_cut_accounts_for_the_fixed_cost():
 
 
 def test_without_batches_of_different_sizes_there_is_no_fixed_cost():
-    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500, min_rate=10)
+    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
     fixed_cost_batches(c, [10_000, 10_000, 10_000])
     assert c.fixed_cost() == 0.0
-    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500, min_rate=10)
+    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
     fixed_cost_batches(c, [10_000, 20_000, 40_000], a=0.0)  # proportional: no fixed cost
     assert c.fixed_cost() == pytest.approx(0.0, abs=1e-9)
 
 
 def test_the_fixed_cost_is_bounded_so_one_noisy_fit_cannot_collapse_the_cap():
-    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500, min_rate=10)
+    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
     t = fixed_cost_batches(c, [10_000, 20_000, 30_000], a=0.9, marginal=1_000_000)
     assert c.fixed_cost() == pytest.approx(0.5)              # at most half the interval
     c.on_submit(t)
@@ -310,7 +311,7 @@ def test_the_fixed_cost_is_bounded_so_one_noisy_fit_cannot_collapse_the_cap():
     assert c.on_submit(t + 2.0) == pytest.approx(1000 / 0.7 * 0.5)
     # and never more than half the batch's own processing time (0.3 s here), so a fast
     # batch cannot divide by almost nothing
-    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500, min_rate=10)
+    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
     t = fixed_cost_batches(c, [10_000, 20_000, 30_000], a=0.9, marginal=1_000_000)
     c.on_submit(t)
     run_batch(c, t, 0.3, 100_000)
@@ -320,7 +321,7 @@ def test_the_fixed_cost_is_bounded_so_one_noisy_fit_cannot_collapse_the_cap():
 # -- a batch that took all the source had ----------------------------------------------------------
 
 def test_an_underfilled_batch_that_finished_in_time_never_lowers_the_cap():
-    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500, min_rate=10)
+    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
     t = fixed_cost_batches(c, [20_000, 40_000, 60_000])
     cap = c.on_submit(t)                       # 50,000 rows/s (case 2: the cap batch 3 ran with)
     run_batch(c, t, 0.45, 5_000)               # the quiet half: 5,000 rows were all there was
@@ -328,3 +329,92 @@ def test_an_underfilled_batch_that_finished_in_time_never_lowers_the_cap():
     # a full batch still moves it
     run_batch(c, t + 1.0, 0.4 + 60_000 / 50_000, 60_000)
     assert c.on_submit(t + 3.0) < cap
+
+
+# -- headroom: aim each batch under the interval ------------------------------------------------
+
+def test_with_headroom_the_cap_fills_the_target_not_the_interval():
+    # 0.4 s per batch plus 100,000 rows/s; the target is 0.9 s: 50,000 rows, not 60,000.
+    c = AdaptiveRateController(1.0, 2, headroom=0.1, initial_rate_per_partition=500, min_rate=10)
+    t = fixed_cost_batches(c, [10_000, 20_000, 40_000])
+    assert c.target == pytest.approx(0.9)
+    assert c.on_submit(t) == pytest.approx(50_000)
+    # without a fixed cost: 0.9 of the processing rate (formula 5)
+    c = AdaptiveRateController(1.0, 2, headroom=0.1, initial_rate_per_partition=500, min_rate=10)
+    c.on_submit(0.0)
+    run_batch(c, 0.0, 0.5, 1000)
+    assert c.on_submit(1.0) == pytest.approx(2000 * 0.9)
+
+
+def test_with_headroom_case2_window_ends_at_the_target():
+    for proc, case in ((0.85, 2), (0.9, 2), (0.84, 1), (0.97, 1)):
+        c = AdaptiveRateController(1.0, 2, headroom=0.1, initial_rate_per_partition=500, min_rate=10)
+        c.on_submit(0.0)
+        run_batch(c, 0.0, proc, 1000)
+        rate = c.on_submit(1.0)
+        assert c.last_case == case, proc
+        if case == 2:
+            assert rate == 1000
+    # a batch that took the whole interval is now too long: the cap comes down
+    assert rate < 1000
+
+
+def test_with_headroom_formula8_averages_the_rates_that_fill_the_target():
+    c = AdaptiveRateController(1.0, 2, headroom=0.1, initial_rate_per_partition=500, min_rate=10)
+    c.on_submit(0.0)
+    for k, (proc, n) in enumerate(((0.86, 860), (0.88, 1056), (0.9, 1260))):   # 1000, 1200, 1400 /s
+        run_batch(c, float(k), proc, n)
+        rate = c.on_submit(k + 1.0)
+    assert c.last_case == 2
+    # each batch's processing rate times the target: the cap whose batch takes 0.9 s
+    assert rate == pytest.approx((1000 + 1200 + 1400) / 3 * 0.9)
+
+
+@pytest.mark.parametrize("headroom", [-0.1, 0.5])
+def test_headroom_out_of_range_is_refused_naming_the_value(headroom):
+    with pytest.raises(ValueError, match=f"headroom must be in \\[0, 0.5\\), got {headroom}"):
+        AdaptiveRateController(1.0, 2, headroom=headroom)
+
+
+# -- a batch that starts late is cut to end at the next boundary ---------------------------------
+
+def test_late_start_rate_takes_the_rows_of_the_lost_time_off_the_cap():
+    # 100,000 rows per second of processing, 0.2 s late: 20,000 rows fewer
+    assert late_start_rate(50_000.0, 100_000.0, 0.2, 1.0) == pytest.approx(30_000)
+    # per second of interval: on a 2 s interval the same 0.2 s is 20,000 rows of 2 s
+    assert late_start_rate(50_000.0, 100_000.0, 0.2, 2.0) == pytest.approx(40_000)
+    # never under half the cap
+    assert late_start_rate(50_000.0, 100_000.0, 0.4, 1.0) == pytest.approx(25_000)
+    # on time, no marginal rate, or no cap: unchanged
+    assert late_start_rate(50_000.0, 100_000.0, 0.0, 1.0) == 50_000
+    assert late_start_rate(50_000.0, 100_000.0, -0.02, 1.0) == 50_000
+    assert late_start_rate(50_000.0, None, 0.2, 1.0) == 50_000
+    assert late_start_rate(None, 100_000.0, 0.2, 1.0) is None
+
+
+def test_marginal_rate_is_the_latest_batch_beyond_its_fixed_cost():
+    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
+    assert c.marginal_rate() is None
+    fixed_cost_batches(c, [10_000, 20_000, 40_000])     # 0.4 s + n / 100,000
+    assert c.marginal_rate() == pytest.approx(100_000)
+    # the baselines publish none: the reader never cuts their caps
+    assert DStreamPIDController(1.0, 2).marginal_rate() is None
+    assert FixedRateController(1.0, 2, rate_per_partition=5).marginal_rate() is None
+    assert NoRateController().marginal_rate() is None
+
+
+def test_a_batch_cut_for_starting_late_ran_with_the_cut_cap():
+    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
+    t = fixed_cost_batches(c, [20_000, 40_000, 60_000])
+    cap = c.on_submit(t)                                   # 50,000; marginal 100,000
+    cut = late_start_rate(cap, c.marginal_rate(), 0.2, 1.0)
+    assert cut == pytest.approx(30_000)
+    # it starts 0.2 s late, the reader cuts it to 30,000, and it takes 0.9 s (the per-row
+    # work went up by two thirds): the rate that fills the interval is 30,000 / 0.5 * 0.6
+    run_batch(c, t + 0.2, 0.9, round(cut), wait=0.2)
+    fill = 30_000 / 0.5 * 0.6
+    # latestRate is 30,000: new = fill - 0.2 * hist, under the 50,000 cap. Taken as the
+    # 50,000 cap, the batch would look like one that took all the source had (30,000 under
+    # 90% of it, done within the interval) and keep the cap at 50,000.
+    assert c.on_submit(t + 2.0) == pytest.approx(fill - 0.2 * 0.2 * fill)
+    assert c.last_case == 1

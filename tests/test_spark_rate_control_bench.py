@@ -17,7 +17,8 @@ from runtime.spark.listener import BatchRecord  # noqa: E402
 
 def record(start: float, delay: float, rows: int = 1000, proc: float = 0.8) -> BatchRecord:
     return BatchRecord(0, start - delay, start, start + proc, proc, delay, rows, {"source": rows},
-                       {"source": 2000.0}, {"source": 1})
+                       {"source": 2000.0}, {"source": 1},
+                       {"addBatch": 1000 * proc - 100 - start, "walCommit": 50.0 + start, "triggerExecution": 1000 * proc})
 
 
 def run(delays_ms: list[float], rows: int = 1000, drop_at: float | None = None) -> dict:
@@ -49,6 +50,15 @@ def test_aggregate_takes_the_mean_and_ci95_over_the_repeats_own_means():
     assert s["repeats"] == 3 and s["throughput_rows_per_s"] == pytest.approx(1000)
 
 
+
+def test_aggregate_says_where_the_triggers_time_went():
+    s = bench.aggregate([run([0, 0]), run([0, 0, 0])])      # batches start at 0, 1 and 0, 1, 2
+    starts = [0, 1, 0, 1, 2]
+    assert s["trigger_time_mean_ms"] == pytest.approx({
+        "addBatch": statistics.fmean(700 - t for t in starts), "triggerExecution": 800,
+        "walCommit": statistics.fmean(50 + t for t in starts)})
+
+
 def test_the_stop_rule_names_every_pair_whose_ci95_is_not_under_the_target():
     tight = bench.aggregate([run([100]), run([102]), run([98])])
     loose = bench.aggregate([run([10]), run([100]), run([50])])
@@ -78,5 +88,7 @@ def test_goals_compare_doc001_with_pid_and_after_the_drop_with_fixed():
 def test_quick_and_bad_names():
     a = bench.parse_args(["--quick"])
     assert (a.duration, a.min_repeats, a.max_repeats) == (20.0, 2, 2)
+    assert a.out_dir == bench.RESULTS
+    assert bench.parse_args(["--out-dir", "elsewhere"]).out_dir == Path("elsewhere")
     with pytest.raises(SystemExit):
         bench.parse_args(["--controllers", "fixed,bogus"])

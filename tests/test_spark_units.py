@@ -73,13 +73,14 @@ def progress(batch_id: int, start: float, duration_ms: int, rows: int, end_offse
 
 
 def test_feedback_publishes_and_feeds_the_controller(tmp_path):
-    c = AdaptiveRateController(1.0, 2, initial_rate_per_partition=500, min_rate=10)
+    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
     fb = RateFeedback(1.0, {"s": SourceControl("s", c, bound={0: 10, 1: 10})}, str(tmp_path))
     assert fb.submit(1000.0) == {"s": 1000}
     assert read_rate(str(tmp_path), "s") == (True, 1000.0)
     write_start(str(tmp_path), "s", 1000.002, 1000, 1000.0)
     rec = fb.on_progress(progress(0, 1000.0, 500, 1000, {"0": 5, "1": 5}))
     assert rec.scheduling_delay == pytest.approx(0.0) and rec.cap_by_source == {"s": 1000}
+    assert rec.duration_ms == {"triggerExecution": 500.0}
     assert fb.input_rows == 1000 and not fb.exhausted()
     # case 1 PID: processing rate 2000 -> cap 2000
     assert fb.submit(1001.0)["s"] == pytest.approx(2000)
@@ -111,6 +112,16 @@ def test_state_files_roundtrip(tmp_path):
     (tmp_path / "big.rate.json").write_text("x" * 70_000)
     with pytest.raises(ValueError):
         read_rate(str(tmp_path), "big")
+
+
+
+def test_a_cap_read_after_its_boundary_is_cut_by_the_published_marginal_rate(tmp_path):
+    write_rate(str(tmp_path), "s", 50_000.0, 10.0, marginal=100_000.0)
+    assert read_rate(str(tmp_path), "s", now=10.2, interval=1.0) == (True, pytest.approx(30_000))
+    assert read_rate(str(tmp_path), "s", now=9.98, interval=1.0) == (True, 50_000.0)    # before its boundary
+    assert read_rate(str(tmp_path), "s") == (True, 50_000.0)                            # no time: no cut
+    write_rate(str(tmp_path), "s", 50_000.0, 10.0)                                      # no marginal rate
+    assert read_rate(str(tmp_path), "s", now=10.2, interval=1.0) == (True, 50_000.0)
 
 
 # -- admission control and the reader ---------------------------------------------------------------
@@ -154,6 +165,17 @@ def test_reader_admission_presharding_and_read(tmp_path):
     # ReadAllAvailable (Trigger.AvailableNow) ignores the controller
     assert int(reader.latestOffset(end, ReadAllAvailable())["0"]) > 40_000
     assert reader.latestOffset(end, ReadMaxRows(10)) == {"0": 310, "1": 300}
+
+
+def test_a_reader_whose_trigger_fires_late_admits_the_cut_cap(tmp_path):
+    src = SyntheticSource(Constant(1000), partitions=2).started_at(time.time() - 100)   # 100k available
+    reader, state = make_reader(tmp_path, src, rate=1000.0)
+    # decided for a boundary 0.3 s ago with 2,000 rows/s of marginal rate: 600 rows come
+    # off, past the floor of half the cap, so 500 are admitted (the lateness only grows)
+    write_rate(str(state), "spout", 1000.0, time.time() - 0.3, marginal=2000.0)
+    end = reader.latestOffset(reader.initialOffset(), reader.getDefaultReadLimit())
+    assert end == {"0": 250, "1": 250}
+    assert read_start(str(state), "spout")["rate"] == 500.0
 
 
 def test_reader_uneven_presharding_and_bound(tmp_path):
@@ -458,6 +480,28 @@ def test_failure_line_finds_the_bolt_then_the_first_python_exception():
     assert failure_line("Query failed.\n" + missing) == "ModuleNotFoundError: No module named 'bench'"
     assert failure_line("java.lang.OutOfMemoryError: Java heap space\n\tat a.b") == \
         "java.lang.OutOfMemoryError: Java heap space"
+
+
+def test_a_failed_query_asks_for_debug_only_when_it_is_not_on():
+    import logging
+
+    from runtime.spark.engine import _query_failed
+
+    plain = str(_query_failed(RuntimeError(TRACE), "spark.log", debugging=False))
+    assert plain == ("bolt 'explode': execute raised ValueError: no room (on Spark; run again with --debug "
+                     "for the full trace; Spark's log: spark.log)")
+    debug = str(_query_failed(RuntimeError(TRACE), "", debugging=True))
+    assert debug == "bolt 'explode': execute raised ValueError: no room (on Spark; Spark's trace is above)"
+    # the CLI's --debug turns on DEBUG logging: that is what the engine goes by
+    root = logging.getLogger()
+    before = root.level
+    try:
+        root.setLevel(logging.DEBUG)
+        assert "--debug" not in str(_query_failed(RuntimeError(TRACE), ""))
+        root.setLevel(logging.WARNING)
+        assert "run again with --debug" in str(_query_failed(RuntimeError(TRACE), ""))
+    finally:
+        root.setLevel(before)
 
 
 def test_enter_workdir_keeps_relative_import_paths_working(tmp_path, monkeypatch):

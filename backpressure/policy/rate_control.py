@@ -68,8 +68,9 @@ Decisions where the document is silent (each has a test):
 * Before any batch has finished, and in case 3 before any batch has finished, the cap
   is the slow-start cap.
 
-Two changes to the document's rules (issue 18), each with a fake-clock test; with no
-fixed cost per batch and batches that fill their cap, the controller is the document's:
+Changes to the document's rules (issue 18), each with a fake-clock test; with no fixed
+cost per batch, batches that fill their cap and ``headroom = 0``, the controller is the
+document's:
 
 * **The processing rate that fills an interval.** Formula (5), ``elemnumlast / t_proclast``,
   is the rate that fills an interval only when a batch's time is proportional to its
@@ -82,10 +83,35 @@ fixed cost per batch and batches that fill their cap, the controller is the docu
   batches before the latest (``fixed_cost``: ``a``, kept to ``[0, t_interval / 2]``, 0
   until two batches differ in size by 1.5x and the slope is positive), and formulas (2)
   and (4) use ``fill_rate``: the latest batch's own marginal rate ``n / (t - a')`` times
-  the share of an interval left after the fixed cost, ``(t_interval - a') / t_interval``,
-  with ``a' = min(a, t / 2)`` so one small batch cannot divide by almost nothing. With
-  ``a = 0`` this is formula (5). Formula (8) keeps (5): a batch inside the window took
-  about ``t_interval``, where the two agree.
+  the share of the batch's time left after the fixed cost, ``(target - a') / t_interval``
+  (``target`` below; the interval itself in the document), with ``a' = min(a, t / 2)`` so
+  one small batch cannot divide by almost nothing. With ``a = 0`` and no headroom this is
+  formula (5).
+* **Aim under the interval** (``headroom``). Document 001 aims every batch at the whole
+  interval (formula 5 is the rate that fills it, and case 2's window ends at it). But a
+  batch's processing time varies from batch to batch by far more than ``prelx`` (on the
+  bench's machine a standard deviation of 75 ms when it is quiet and 250 ms under others'
+  load, for batches of the same size), and in Structured Streaming a batch that ends past
+  the next boundary delays the next one by the overrun, which delays the one after unless
+  that one is shorter: ``delay[k+1] = max(0, delay[k] + t_proc[k] - t_interval)``. With the
+  mean at the interval, every other batch overruns and the delay is a random walk; aiming
+  at ``target = (1 - headroom) * t_interval`` gives the walk a drift back to zero. So
+  ``fill_rate`` is the rate that fills ``target``, not the interval, and case 2's window is
+  ``[target - prelx, target]``; formula (8) averages the three batches' ``fill_rate`` (with
+  ``headroom = 0`` and no fixed cost, their processing rates (5), as in the document).
+  ``headroom = 0`` is the document's rule.
+* **A batch that starts late is cut to end at the next boundary** (``late_start_rate``).
+  Case 3 decides at submission, while the previous batch still runs, with the block
+  time formula (3) *estimates*. When the trigger fires, the lateness is known: the
+  batch starts ``lateness`` seconds after its boundary and has that much less time before
+  the next one. So the source's reader, at admission, takes ``marginal * lateness``
+  records per second of interval off the cap (``marginal``: the rows per second of
+  processing the latest batch paid beyond its fixed cost, ``n / (t - a')``;
+  ``marginal_rate``), never more than half the cap (``LATE_FLOOR``: a batch pays its fixed
+  cost whatever its size, so a tiny one would lose more than it saves). Without the cut a
+  delay decays by only the headroom per batch; with it, in one batch. The cap a batch ran
+  with (``latestRate``, the under-filled test below) is the cap after the cut, worked out
+  from the batch's own waiting time with the marginal rate published with the decision.
 * **A batch that took all the source had.** A batch that admitted under 90% of its cap
   and finished within the interval says the source ran dry, not that the cap is too high;
   in case 1 it never lowers the cap (the cap stays where it was for the next burst instead
@@ -123,6 +149,8 @@ SPARK_MIN_RATE = 100.0
 FIT_BATCHES = 8           # finished batches the fixed-cost fit looks back over
 FIT_SIZE_SPREAD = 1.5     # the fit needs a batch this many times larger than another
 UNDERFILLED = 0.9         # a batch under this share of its cap took all the source had
+HEADROOM = 0.1            # doc001 aims each batch at this much under the interval
+LATE_FLOOR = 0.5          # a late batch keeps at least this share of its cap
 
 
 @dataclass(frozen=True)
@@ -155,6 +183,11 @@ class RateController(Protocol):
 
     def on_submit(self, submit_time: float) -> float | None: ...
 
+    def marginal_rate(self) -> float | None:
+        """Rows per second of processing beyond the fixed cost, published with the cap so
+        the reader can cut a late batch (``late_start_rate``); ``None``: no cut."""
+        ...
+
 
 def prelx_for(t_interval: float) -> float:
     """``prelx = min(50 ms, 0.05 * t_interval)`` (seconds)."""
@@ -179,6 +212,17 @@ def per_partition_cap(rate: float | None, t_interval: float, partitions: int) ->
     return max(1, math.floor(rate * t_interval / partitions))
 
 
+def late_start_rate(rate: float | None, marginal: float | None, lateness: float,
+                    t_interval: float) -> float | None:
+    """The cap of a batch that starts ``lateness`` seconds after its boundary: the rows
+    ``marginal`` would process in that time (per second of interval) come off, so the
+    batch ends by the next boundary as an on-time batch would; at least ``LATE_FLOOR`` of
+    the cap. No cap, no marginal rate or no lateness: the cap unchanged."""
+    if rate is None or marginal is None or lateness <= 0:
+        return rate
+    return max(rate - marginal * lateness / t_interval, LATE_FLOOR * rate)
+
+
 def _check_common(t_interval: float, partitions: int, min_rate: float) -> None:
     if t_interval <= 0:
         raise ValueError("t_interval must be > 0")
@@ -195,19 +239,23 @@ class AdaptiveRateController:
 
     def __init__(self, t_interval: float, partitions: int, *,
                  initial_rate_per_partition: float = 500.0, min_rate: float = SPARK_MIN_RATE,
-                 kp: float = KP, ki: float = KI, kd: float = KD, k_block: float = K_BLOCK) -> None:
+                 kp: float = KP, ki: float = KI, kd: float = KD, k_block: float = K_BLOCK,
+                 headroom: float = HEADROOM) -> None:
         _check_common(t_interval, partitions, min_rate)
         if not 50 < initial_rate_per_partition < 1000:
             raise ValueError("slow start needs 50 < n < 1000 records per partition per second")
+        if not 0 <= headroom < 0.5:
+            raise ValueError(f"headroom must be in [0, 0.5), got {headroom}")
         self.t_interval = t_interval
+        self.target = (1.0 - headroom) * t_interval
         self.partitions = partitions
         self.initial_rate = initial_rate_per_partition * partitions
         self.min_rate = min_rate
         self.kp, self.ki, self.kd, self.k_block = kp, ki, kd, k_block
         self.prelx = prelx_for(t_interval)
         self.brelx = brelx_for(t_interval)
-        # (submit_time, cap) of recent submissions, to find the cap a batch ran with.
-        self._submissions: deque[tuple[float, float]] = deque(maxlen=256)
+        # (submit_time, cap, marginal rate) of recent submissions, to find the cap a batch ran with.
+        self._submissions: deque[tuple[float, float, float | None]] = deque(maxlen=256)
         # Finished batches that carry a processing rate, newest last, with the cap each
         # was admitted with and its case-1 error.
         self._finished: deque[tuple[BatchInfo, float, float]] = deque(maxlen=3)
@@ -229,18 +277,28 @@ class AdaptiveRateController:
             self._running_start = None
         if info.processing_rate <= 0:
             return
-        cap = self._cap_at(info.start)
+        cap = self._cap_at(info)
         self._sizes.append((info.elements, info.processing_time))
         error = cap - self.fill_rate(info.elements, info.processing_time)
         self._finished.append((info, cap, error))
 
-    def _cap_at(self, t: float) -> float:
-        """The cap of the latest submission at or before ``t`` (slow start before any)."""
+    def _cap_at(self, info: BatchInfo) -> float:
+        """The cap the batch ran with: the latest submission at or before its start (slow
+        start before any), cut as the reader cut it for the batch's waiting time."""
         tolerance = 0.05 * self.t_interval
-        for when, cap in reversed(self._submissions):
-            if when <= t + tolerance:
-                return cap
+        for when, cap, marginal in reversed(self._submissions):
+            if when <= info.start + tolerance:
+                late = late_start_rate(cap, marginal, info.waiting_time, self.t_interval)
+                return cap if late is None else late
         return self.initial_rate
+
+    def marginal_rate(self) -> float | None:
+        """``n / (t - a')`` of the latest finished batch (``None`` before any)."""
+        if not self._finished:
+            return None
+        last = self._finished[-1][0]
+        a = min(self.fixed_cost(), last.processing_time / 2)
+        return last.elements / (last.processing_time - a)
 
     def fixed_cost(self) -> float:
         """``a`` of ``t_proc = a + n / c`` over the finished batches before the latest
@@ -259,19 +317,19 @@ class AdaptiveRateController:
         return min(max(0.0, my - slope * mx), self.t_interval / 2)
 
     def fill_rate(self, elements: int, processing_time: float) -> float:
-        """Records per second that fill an interval, from one batch (module docstring);
-        formula (5) when there is no fixed cost."""
+        """The cap (records per second of interval) whose batch takes ``target``, from one
+        batch (module docstring); formula (5) when there is no fixed cost or headroom."""
         if elements <= 0 or processing_time <= 0:
             return 0.0
         a = min(self.fixed_cost(), processing_time / 2)
-        return elements / (processing_time - a) * (self.t_interval - a) / self.t_interval
+        return elements / (processing_time - a) * max(self.target - a, 0.0) / self.t_interval
 
     def _underfilled(self, info: BatchInfo, cap: float) -> bool:
         """The batch admitted under 90% of its cap and finished within the interval."""
         return info.elements < UNDERFILLED * cap * self.t_interval and info.processing_time <= self.t_interval
 
     def _in_window(self, info: BatchInfo) -> bool:
-        return self.t_interval - self.prelx <= info.processing_time <= self.t_interval
+        return self.target - self.prelx <= info.processing_time <= self.target
 
     # -- the decision ---------------------------------------------------------------
     def block_time(self, submit_time: float, t_batchst: float) -> float:
@@ -306,7 +364,8 @@ class AdaptiveRateController:
             if self._in_window(last):
                 self.last_case = 2
                 if len(self._finished) == 3 and all(self._in_window(b) for b, _, _ in self._finished):
-                    rate = max(self.min_rate, sum(b.processing_rate for b, _, _ in self._finished) / 3)
+                    rate = max(self.min_rate, sum(self.fill_rate(b.elements, b.processing_time)
+                                                  for b, _, _ in self._finished) / 3)
                 else:
                     rate = latest_rate
             else:
@@ -314,7 +373,7 @@ class AdaptiveRateController:
                 rate = self.pid(0.0)
                 if self._underfilled(last, latest_rate):
                     rate = max(rate, latest_rate)
-        self._submissions.append((submit_time, rate))
+        self._submissions.append((submit_time, rate, self.marginal_rate()))
         self.rate = rate
         return rate
 
@@ -366,6 +425,9 @@ class DStreamPIDController:
     def on_submit(self, submit_time: float) -> float | None:
         return self.rate
 
+    def marginal_rate(self) -> None:
+        return None
+
 
 class FixedRateController:
     """A static cap (Spark's ``maxRatePerPartition``): ``rate_per_partition * P`` always."""
@@ -387,6 +449,9 @@ class FixedRateController:
     def on_submit(self, submit_time: float) -> float:
         return self.rate
 
+    def marginal_rate(self) -> None:
+        return None
+
 
 class NoRateController:
     """No admission control: every batch takes all that is available."""
@@ -401,6 +466,9 @@ class NoRateController:
         return None
 
     def on_submit(self, submit_time: float) -> None:
+        return None
+
+    def marginal_rate(self) -> None:
         return None
 
 

@@ -9,7 +9,10 @@ executors. So nothing is shared with the driver's objects:
   controller's current cap from the rate file the driver publishes
   (``write_rate``/``read_rate``: a small JSON file replaced atomically) and lets each
   source partition advance by ``rate * t_interval / P`` records, or all that remains
-  (``per_partition_cap``). With ``ReadAllAvailable`` (Trigger.AvailableNow), Spark's
+  (``per_partition_cap``). A trigger that fires after the boundary the cap was decided
+  for (the previous batch ran over it) has that much less time before the next one: the
+  reader cuts the cap by the marginal rate published with it (``late_start_rate``), so
+  the batch ends by the next boundary. With ``ReadAllAvailable`` (Trigger.AvailableNow), Spark's
   limit wins and the cap is ignored, as the API requires. ``ReadMaxRows`` (from
   ``spark.max_rows_per_batch``) trims the batch further.
 * **Batch starts** go back the same way: when ``latestOffset`` admits rows, the reader
@@ -36,7 +39,7 @@ from typing import Any, Iterator, Mapping
 
 import msgpack
 
-from backpressure.policy.rate_control import per_partition_cap
+from backpressure.policy.rate_control import late_start_rate, per_partition_cap
 from runtime.spark.bolts import enter_workdir
 from runtime.spark.presharding import preshard
 from topo.sources.base import OffsetSource
@@ -86,18 +89,30 @@ def start_path(state_dir: str, component: str) -> Path:
     return Path(state_dir) / f"{component}.start.json"
 
 
-def write_rate(state_dir: str, component: str, rate: float | None, submit_time: float) -> None:
-    """The driver publishes the cap (records/s for the whole source) for the next batch."""
-    _atomic_write(rate_path(state_dir, component), {"rate": rate, "submit": submit_time, "t": time.time()})
+def write_rate(state_dir: str, component: str, rate: float | None, submit_time: float,
+               marginal: float | None = None) -> None:
+    """The driver publishes the cap (records/s for the whole source) for the batch due at
+    ``submit_time``, and the controller's marginal rate for cutting it if that batch
+    starts late (``None``: never cut)."""
+    _atomic_write(rate_path(state_dir, component),
+                  {"rate": rate, "submit": submit_time, "marginal": marginal, "t": time.time()})
 
 
-def read_rate(state_dir: str, component: str) -> tuple[bool, float | None]:
-    """``(found, rate)``; ``rate`` None means no cap."""
+def read_rate(state_dir: str, component: str, now: float | None = None,
+              interval: float = 1.0) -> tuple[bool, float | None]:
+    """``(found, rate)``; ``rate`` None means no cap. Given ``now`` (when the trigger
+    fired) and the trigger ``interval``, the cap of a trigger later than the boundary it
+    was decided for is cut by ``late_start_rate``."""
     got = _bounded_read(rate_path(state_dir, component))
     if got is None:
         return False, None
     rate = got.get("rate")
-    return True, None if rate is None else float(rate)
+    rate = None if rate is None else float(rate)
+    marginal = got.get("marginal")
+    if now is not None and rate is not None and marginal is not None:
+        lateness = now - float(got.get("submit", now))
+        rate = late_start_rate(rate, float(marginal), lateness, interval)
+    return True, rate
 
 
 def write_start(state_dir: str, component: str, t: float, rows: int, rate: float | None) -> None:
@@ -200,7 +215,7 @@ class OffsetStreamReader(DataSourceStreamReader):  # type: ignore[misc,valid-typ
         if isinstance(limit, ReadAllAvailable):
             rate, per_partition, max_rows = None, None, None
         else:
-            found, rate = read_rate(self.state_dir, self.component)
+            found, rate = read_rate(self.state_dir, self.component, time.time(), self.interval_s)
             per_partition = per_partition_cap(rate, self.interval_s, self.partition_count) if found else None
             max_rows = getattr(limit, "max_rows", None)
         end = admit(begin, latest, self.bound, per_partition, max_rows)

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import statistics
@@ -377,12 +378,18 @@ def failure_line(text: str) -> str:
     return first if len(first) <= 300 else first[:297] + "..."
 
 
-def _query_failed(err: Any, log_file: str) -> ComponentError:
+def _query_failed(err: Any, log_file: str, debugging: bool | None = None) -> ComponentError:
+    """The one-line error of a failed query. Spark's error is its cause, so a traceback
+    shows Spark's trace above this line; the CLI prints one with ``--debug``, which turns
+    on DEBUG logging, and then the line says so instead of asking for ``--debug``."""
     text = str(getattr(err, "desc", None) or err)
     line = failure_line(text)
     where = f"; Spark's log: {log_file}" if log_file else ""
     prefix = "" if FAILURE_PREFIX in text else "the streaming query failed: "
-    return ComponentError(f"{prefix}{line} (on Spark; run again with --debug for the full trace{where})")
+    if debugging is None:
+        debugging = logging.getLogger().isEnabledFor(logging.DEBUG)
+    hint = "Spark's trace is above" if debugging else "run again with --debug for the full trace"
+    return ComponentError(f"{prefix}{line} (on Spark; {hint}{where})")
 
 
 def _wait(query: Any, feedback: RateFeedback, started: float, duration: float | None,

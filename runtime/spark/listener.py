@@ -105,6 +105,8 @@ class BatchRecord:
     rows_by_source: dict[str, int] = field(default_factory=dict)
     cap_by_source: dict[str, float | None] = field(default_factory=dict)
     case_by_source: dict[str, int | None] = field(default_factory=dict)   # doc001's case of that submission
+    # Spark's breakdown of the trigger's time (ms): addBatch, walCommit, commitOffsets, ...
+    duration_ms: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -165,7 +167,7 @@ class RateFeedback:
                 rate = sc.controller.on_submit(submit_time)
                 sc.caps.append((submit_time, rate, getattr(sc.controller, "last_case", None)))
                 del sc.caps[:-1000]
-                write_rate(self.state_dir, sc.component, rate, submit_time)
+                write_rate(self.state_dir, sc.component, rate, submit_time, sc.controller.marginal_rate())
                 out[sc.component] = rate
                 stat = self.stats.get(sc.component)
                 if stat is not None:
@@ -188,7 +190,8 @@ class RateFeedback:
             used = {c: self.sources[c].submission_at(start, 0.05 * self.interval)
                     for c in by_source if c in self.sources}
             record = BatchRecord(int(progress.get("batchId", -1)), submit, start, end, duration, delay, rows,
-                                 by_source, {c: u[0] for c, u in used.items()}, {c: u[1] for c, u in used.items()})
+                                 by_source, {c: u[0] for c, u in used.items()}, {c: u[1] for c, u in used.items()},
+                                 {k: float(v) for k, v in (progress.get("durationMs") or {}).items()})
             self.last_start, self.last_end = start, end
             self.input_rows += rows
             self.batches.append(record)
