@@ -10,7 +10,7 @@ engine never decides when to throttle: that is the policy's job.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal, Mapping, Protocol, Sequence
+from typing import Any, Callable, Literal, Mapping, Protocol, Sequence
 
 Direction = Literal["sent", "received"]
 
@@ -149,4 +149,14 @@ class WindowGate(Protocol):
     def keyed_components(self, spout: int) -> frozenset[str]:
         """Components ``spout`` feeds where a tuple may not move to another task (fields,
         all, global): there a BUSY tuple waits for its own task."""
+        ...
+
+    def track_ack_points(self, keep: Callable[[int, int, Any], None]) -> frozenset[int]:
+        """From now on report ``keep(spout, point, state)`` each time a spout's cumulative ack
+        point over the order it emitted moves (``state``: the spout's state there); returns
+        the spouts that can (a spout with state, and no checkpoints: those resume the spouts)."""
+        ...
+
+    def restore_spout(self, spout: int, state: Any) -> bool:
+        """Before the spout runs: put it back at a state ``keep`` was given by an earlier run."""
         ...

@@ -12,7 +12,7 @@ P = WindowParams(initial=2, min=1, max=4, rtt_threshold=0.2)
 
 def test_defaults_and_config() -> None:
     p = WindowParams.from_config(resolve({"backpressure.policy": "window", "acking": True}))
-    assert (p.initial, p.min, p.max, p.rtt_threshold, p.batch) == (16, 1, 4096, 0.2, 64)
+    assert (p.initial, p.min, p.max, p.rtt_threshold, p.batch) == (16, 1, 4096, 0.2, 256)
     with pytest.raises(ValueError):
         WindowParams(initial=0)
 
@@ -97,6 +97,7 @@ def test_w5_a_failed_tuple_holds_the_point_until_its_resend_is_acked() -> None:
     fc.senders[0] = WindowSender(P, {"b": [10, 11]})
     fc.acks[0], fc.numbers[0], fc.last_number[0] = CumulativeAck(), {}, 0
     fc.handles = {0: _H(0, "s"), 10: _H(10, "b"), 11: _H(11, "b")}
+    fc.component_of = {10: "b", 11: "b"}
     fc.on_sent(0, 10, "r1", 0.0)
     fc.on_sent(0, 11, "r2", 0.0)
     assert fc.on_failed(0, "r1", 0.1) == 10
@@ -149,3 +150,17 @@ class _H:
 
     def show(self, display: object) -> None:
         self.shown = display
+
+
+def test_w9_a_tuple_fanned_out_to_two_components_is_freed_from_both_windows_by_its_ack() -> None:
+    s: WindowSender[str] = WindowSender(P, {"fast": [10], "relay": [20]})
+    s.on_sent("r", 10, 0.0)
+    s.on_sent("r", 20, 0.0)
+    assert s.windows[10].in_flight == {"r": 0.0} and s.windows[20].in_flight == {"r": 0.0}
+    assert s.on_ack("r", 0.1) == pytest.approx(0.1)
+    assert s.windows[10].in_flight == {} and s.windows[20].in_flight == {}   # neither window leaks it
+    assert s.windows[10].window == s.windows[20].window == 3.0             # both saw a NORMAL ack
+    s.on_sent("f", 10, 1.0)
+    s.on_sent("f", 20, 1.0)
+    assert s.on_fail("f") == 10
+    assert s.windows[10].state == s.windows[20].state == BUSY and not s.windows[20].in_flight

@@ -142,7 +142,9 @@ class ZnodeLayout:
       znodes, one per signal, the target task's id in the name;
     * ``{root}/{topology}/taskstate/<task_id>``: one ephemeral znode per task;
     * ``{root}/{topology}/tasklock/<task_id>``: the ephemeral claim of the run that
-      runs the task (one run per topology name).
+      runs the task (one run per topology name);
+    * ``{root}/{topology}/resumepoint/<task_id>``: a persistent znode per spout task, where
+      it resumes after a restart (document 002's ack point, ``drivers.resume_points``).
     """
 
     topology: str
@@ -178,6 +180,10 @@ class ZnodeLayout:
     def state(self, task: int | str) -> str:
         """The state znode of ``task`` (an id, or a child name read from ``states``)."""
         return f"{self.states}/{task}"
+
+    def resume_point(self, task: int) -> str:
+        """The persistent resume point of spout task ``task``."""
+        return f"{self.base}/resumepoint/{task}"
 
     def message(self, name: str) -> str:
         """The message znode called ``name`` (a child name read from ``messages``)."""
@@ -423,6 +429,24 @@ class Coordinator:
         self._dirty[state.task] = payload
         self._pub_wake.set()
 
+    # -- persistent records (they outlive the run: a restarted one reads them) ---------------
+
+    async def save_record(self, path: str, payload: bytes) -> None:
+        """Create or overwrite the persistent znode ``path`` (a path of ``layout``)."""
+        await self._upsert(path, payload, ephemeral=False)
+
+    async def read_record(self, path: str) -> bytes | None:
+        try:
+            return await self.store.get(path)
+        except NoNode:
+            return None
+
+    async def drop_record(self, path: str) -> None:
+        try:
+            await self.store.delete(path)
+        except NoNode:
+            pass
+
     async def read_states_once(self) -> dict[int, TaskState]:
         """Read every task state now and hand each to the state callback."""
         out: dict[int, TaskState] = {}
@@ -538,12 +562,12 @@ class Coordinator:
                 finally:
                     self._busy -= 1
 
-    async def _upsert(self, path: str, payload: bytes) -> None:
+    async def _upsert(self, path: str, payload: bytes, *, ephemeral: bool = True) -> None:
         try:
             await self.store.set(path, payload)
         except NoNode:
             try:
-                await self.store.create(path, payload, ephemeral=True)
+                await self.store.create(path, payload, ephemeral=ephemeral, makepath=not ephemeral)
             except NodeExists:
                 await self.store.set(path, payload)
 

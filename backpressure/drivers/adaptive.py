@@ -20,25 +20,41 @@ Glue, not policy (the rules are ``policy.adaptive``'s, A1-A10):
 * load balancing: per upstream task and downstream component a ``Balancer`` moves
   shares by water levels each check; they go to ``self.share_router``
   (``seams.ShareRouter``) when there is one, else they are counted.
+
+Across worker processes (given a coordinator and the topology's ``graph``) the flags
+are the document's flag store made shared: each worker keeps the marks of its own
+bolt tasks and publishes each task's flag, its generation (``k``) and queue bytes as
+its task state (``shared_states``) the moment the flag changes, and once per heartbeat;
+every worker mirrors the other workers' flags and levels, and each upstream task is
+governed by its own worker from its downstream tasks' flags wherever those run. A
+task whose state vanished (its worker stopped or died) holds nothing. Autoscaling
+stays within one process: the supervisor refuses ``max_parallelism`` above a bolt's
+parallelism with workers (``runtime.local.workers.check_shippable``).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
+from backpressure.coordinator.base import Coordinator
+from backpressure.drivers.shared_states import SharedStates
 from backpressure.policy.adaptive import (FLAG_ADDED, SCALE_OUT, AdaptiveParams, Autoscaler, Balancer,
                                           FlagView, RateCoefficient, ScaleDecision, TaskMarks)
 from backpressure.seams import FlowDisplay, RateListener, Scaler, ShareRouter, TaskHandle
-from backpressure.signals import BACKPRESSURE, RELEASE
+from backpressure.signals import BACKPRESSURE, RELEASE, TaskState
+
+# component -> (is a spout, its task ids, the components it reads from)
+Graph = Mapping[str, tuple[bool, Sequence[int], Sequence[str]]]
 
 log = logging.getLogger(__name__)
 
 
 class AdaptiveFlowControl:
     def __init__(self, params: AdaptiveParams, *, clock: Callable[[], float] = time.monotonic,
-                 period: float | None = None) -> None:
+                 period: float | None = None, coordinator: Coordinator | None = None,
+                 graph: Graph | None = None, heartbeat: float = 1.0) -> None:
         self.params = params
         self.clock = clock
         self.period = period if period is not None else min(
@@ -59,6 +75,11 @@ class AdaptiveFlowControl:
         self._timer_task: asyncio.Task[None] | None = None
         self._pending: set[asyncio.Task[None]] = set()
         self._scaling: set[str] = set()   # components with an action under way (a drain can take seconds)
+        # Across worker processes: the graph, and the other workers' tasks as last published.
+        self.graph = graph
+        self.shared = SharedStates(coordinator, heartbeat=heartbeat) if coordinator is not None else None
+        self.component_of: dict[int, str] = {}
+        self.remote: dict[int, TaskState] = {}
 
     # --- FlowControl -------------------------------------------------------
     async def start(self, handles: Sequence[TaskHandle]) -> None:
@@ -67,8 +88,13 @@ class AdaptiveFlowControl:
         counts: dict[str, int] = {}
         for h in handles:
             counts[h.component] = counts.get(h.component, 0) + 1
+        if self.graph is not None:
+            counts = {c: len(tasks) for c, (_, tasks, _) in self.graph.items()}
+            self._link_remote(self.graph)
         self.autoscaler = Autoscaler(self.params, counts)
         self._last_check = self.clock()
+        if self.shared is not None:
+            await self.shared.start(self.handles, self.state_of, self._on_remote)
         self._timer_task = asyncio.create_task(self._timer())
 
     def poll(self, handle: TaskHandle) -> None:
@@ -79,6 +105,8 @@ class AdaptiveFlowControl:
         if ch.flag is not None:
             handle.count_signal("sent", BACKPRESSURE if ch.flag == FLAG_ADDED else RELEASE)
             handle.show(FlowDisplay(m.generation, m.flagged, None))
+            if self.shared is not None:
+                self.shared.publish(handle.task_id)      # the other workers' upstreams read it now
 
     async def stop(self) -> None:
         if self._timer_task is not None:
@@ -92,6 +120,8 @@ class AdaptiveFlowControl:
             if rc.coefficient < 1.0:
                 rc.coefficient, rc.max_rate = 1.0, None
                 self._apply_rate(self.handles[task_id], rc)
+        if self.shared is not None:
+            await self.shared.stop()
 
     # --- the periodic work -------------------------------------------------
     async def _timer(self) -> None:
@@ -109,8 +139,9 @@ class AdaptiveFlowControl:
         assert self.autoscaler is not None
         parallel = dict(self.autoscaler.parallelism)
         for up, rc in self.coefficients.items():
-            flags = {d: FlagView(self.handles[d].component, self.marks[d].flagged, self.marks[d].generation)
-                     for d in self.downstream.get(up, ()) if d in self.marks}
+            if up not in self.handles:
+                continue                                  # another worker's task: governed there
+            flags = {d: v for d in self.downstream.get(up, ()) if (v := self._flag(d)) is not None}
             before = rc.coefficient
             ch = rc.check(flags, parallel)
             if ch is None:
@@ -131,7 +162,9 @@ class AdaptiveFlowControl:
                          and all(self.coefficients[u].coefficient >= 1.0 for u in ups if u in self.coefficients))
                 self._decided(self.autoscaler.consider_in(comp, quiet, now))
         for (up, comp), b in self.balancers.items():
-            shares = b.rebalance({d: self.handles[d].queue_bytes() / self.params.capacity for d in b.shares})
+            if up not in self.handles:
+                continue
+            shares = b.rebalance({d: self._level(d) for d in b.shares})
             if shares is None:
                 continue
             self.counters["rebalance"] += 1
@@ -139,6 +172,21 @@ class AdaptiveFlowControl:
                 self.counters["rebalance_applied"] += 1
 
     # --- helpers -----------------------------------------------------------
+    def _flag(self, task: int) -> FlagView | None:
+        """A downstream task's flag: from its marks here, or as its worker last published it."""
+        m = self.marks.get(task)
+        if m is not None:
+            return FlagView(self.component_of[task], m.flagged, m.generation)
+        st = self.remote.get(task)
+        return None if st is None else FlagView(st.component, st.backpressure, st.k)
+
+    def _level(self, task: int) -> float:
+        h = self.handles.get(task)
+        if h is not None:
+            return h.queue_bytes() / self.params.capacity
+        st = self.remote.get(task)
+        return 0.0 if st is None else st.queue_bytes / self.params.capacity
+
     def _apply_rate(self, h: TaskHandle, rc: RateCoefficient) -> None:
         rate = rc.rate()
         h.set_rate(rate)
@@ -195,23 +243,37 @@ class AdaptiveFlowControl:
     def _add(self, h: TaskHandle) -> None:
         """A task joins (at start, or added by the scaler): it and the tasks it feeds are linked."""
         self.handles[h.task_id] = h
+        self.component_of[h.task_id] = h.component
         if not h.is_spout:
             self.marks[h.task_id] = TaskMarks(self.params)
         for up in h.upstream_task_ids:
-            self._link(up, h)
+            self._link(up, h.task_id, h.component)
         for d in self.handles.values():            # a scaled-out upstream: its downstream tasks
             if h.task_id in d.upstream_task_ids and d.task_id not in self.downstream.get(h.task_id, ()):
-                self._link(h.task_id, d)
+                self._link(h.task_id, d.task_id, d.component)
         h.show(FlowDisplay())
 
-    def _link(self, up: int, h: TaskHandle) -> None:
-        self.downstream.setdefault(up, []).append(h.task_id)
+    def _link_remote(self, graph: Graph) -> None:
+        """Workers: each local upstream task also watches the flags of its downstream tasks in
+        other workers (what no local handle shows)."""
+        for comp, (_, tasks, inputs) in graph.items():
+            for t in tasks:
+                if t in self.handles:
+                    continue
+                self.component_of[t] = comp
+                for src in inputs:
+                    for up in graph[src][1]:
+                        if up in self.handles:
+                            self._link(up, t, comp)
+
+    def _link(self, up: int, task: int, component: str) -> None:
+        self.downstream.setdefault(up, []).append(task)
         self.coefficients.setdefault(up, RateCoefficient(self.params))
-        b = self.balancers.get((up, h.component))
+        b = self.balancers.get((up, component))
         if b is None:
-            self.balancers[(up, h.component)] = Balancer(self.params, [h.task_id])
+            self.balancers[(up, component)] = Balancer(self.params, [task])
         else:
-            b.resize([*b.shares, h.task_id])
+            b.resize([*b.shares, task])
 
     def forget(self, task_id: int) -> None:
         """A task is gone (scaled in, or died): its flag no longer holds its upstreams, and
@@ -231,3 +293,24 @@ class AdaptiveFlowControl:
             b = self.balancers.get((up, h.component))
             if b is not None:
                 b.resize([t for t in b.shares if t != task_id])
+
+    # --- across worker processes ------------------------------------------------------
+    def _on_remote(self, task: int, state: TaskState | None) -> None:
+        """Another worker's task: its flag and level as published (None: it is gone)."""
+        if state is None:
+            self.remote.pop(task, None)
+        else:
+            self.remote[task] = state
+
+    def state_of(self, task: int) -> TaskState:
+        """What this worker publishes for one of its tasks: a bolt's flag, generation and level."""
+        assert self.shared is not None
+        h = self.handles[task]
+        m = self.marks.get(task)
+        rc = self.coefficients.get(task)
+        rate = rc.rate() if rc is not None else None
+        return TaskState(task=task, component=h.component, spout=h.is_spout, rate=rate,
+                         k=m.generation if m is not None else 0,
+                         backpressure=m.flagged if m is not None else rate is not None,
+                         queue_bytes=h.queue_bytes(), observed_rate=float(h.observed_rate()),
+                         version=self.shared.version(), ts=time.time())

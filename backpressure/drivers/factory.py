@@ -17,8 +17,9 @@ SERVED_SOCKET = "_coordinator.socket"
 # that decides over the whole topology (source_stop, watermark) knows it is one worker of
 # several and what the whole graph is: component -> (is a spout, task ids, its inputs).
 WORKER_GRAPH = "_workers.graph"
-# The policies whose decisions cross worker processes through a coordinator.
-ACROSS_WORKERS = ("stepwise", "source_stop", "watermark")
+# The policies whose decisions cross worker processes through a coordinator (window: its
+# spouts' resume points; adaptive: the flags of its bolt tasks).
+ACROSS_WORKERS = ("stepwise", "source_stop", "watermark", "window", "adaptive")
 
 
 def make_coordinator(config: Mapping[str, Any], topology_name: str) -> Any:
@@ -64,6 +65,11 @@ def serve_coordinator(config: Mapping[str, Any], directory: str) -> tuple[Any, d
     return serve_in_thread(path), {SERVED_SOCKET: path}
 
 
+def _graph(config: Mapping[str, Any]) -> dict[str, tuple[bool, list[int], list[str]]] | None:
+    graph = config.get(WORKER_GRAPH)
+    return {c: (bool(s), list(t), list(i)) for c, (s, t, i) in graph.items()} if graph else None
+
+
 def _across(config: Mapping[str, Any], topology_name: str) -> Any:
     """In a worker process (the config carries ``WORKER_GRAPH``): the coordinator the
     workers share; in a single process: None (the policy decides in process)."""
@@ -89,19 +95,23 @@ def make_flow_control(config: Mapping[str, Any], topology_name: str) -> FlowCont
         from backpressure.policy.watermark import WaterMarkParams
         from backpressure.drivers.watermark import WatermarkFlowControl
 
-        graph = config.get(WORKER_GRAPH)
         return WatermarkFlowControl(WaterMarkParams.from_config(config), coordinator=_across(config, topology_name),
-                                    graph={c: (bool(s), list(t), list(i)) for c, (s, t, i) in graph.items()}
-                                    if graph else None)
+                                    graph=_graph(config))
     if policy == "adaptive":
         from backpressure.policy.adaptive import AdaptiveParams
         from backpressure.drivers.adaptive import AdaptiveFlowControl
 
-        return AdaptiveFlowControl(AdaptiveParams.from_config(config))
+        return AdaptiveFlowControl(AdaptiveParams.from_config(config), coordinator=_across(config, topology_name),
+                                   graph=_graph(config))
     if policy == "window":
         from backpressure.policy.window import WindowParams
         from backpressure.drivers.window import WindowFlowControl
 
+        # The resume points (W5) are kept in a coordinator that outlives a process: ZooKeeper,
+        # or in worker processes the tree the supervisor serves; embedded in one process, none.
+        durable = config.get(WORKER_GRAPH) or str(config.get("coordinator", "embedded")) != "embedded"
         return WindowFlowControl(WindowParams.from_config(config), slow_bytes=int(config["queue.high_mark"]),
-                                 capacity=int(config["queue.hard_bound"]))
+                                 capacity=int(config["queue.hard_bound"]), graph=_graph(config),
+                                 coordinator=make_coordinator(config, topology_name) if durable else None,
+                                 discard_resume=not config.get("checkpoint.restore", True))
     raise ValueError(f"unknown backpressure.policy {policy!r}")

@@ -20,22 +20,44 @@ Two ways to run, chosen by what the engine offers:
   become the spout's rate limit: throughput is window / round trip, so the limit is
   ``sum of windows / rtt_threshold``; when every window is at ``max`` the limiter
   goes off. Nothing is re-routed on this path (the engine routes).
+
+Resume positions (W5 made durable): given a coordinator (ZooKeeper, or in worker
+processes the tree the supervisor serves), the driver asks the gate to report each
+spout's state at its cumulative ack point (``track_ack_points``) and keeps the newest
+in the coordinator (``resume_points``); at start it reads what a previous run of each
+local spout kept and has the gate put the spout back there (``restore_spout``), or
+drops it when ``discard_resume`` (``checkpoint.restore: false``). Across worker
+processes the windows need nothing else from other workers: a spout's windows, acks
+and round trips are all in its own process; only which tasks it feeds comes from the
+topology's ``graph`` (no worker has a handle on every task).
 """
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable, Hashable, Sequence
+from typing import Any, Callable, Hashable, Mapping, Sequence
 
+from backpressure.coordinator.base import Coordinator
+from backpressure.drivers.resume_points import ResumePoints
 from backpressure.policy.window import BUSY, CumulativeAck, WindowParams, WindowSender
 from backpressure.seams import FlowDisplay, RateListener, TaskHandle, WindowGate
 from backpressure.signals import BACKPRESSURE, RELEASE
 
 
+# component -> (is a spout, its task ids, the components it reads from)
+Graph = Mapping[str, tuple[bool, Sequence[int], Sequence[str]]]
+
+
 class WindowFlowControl:
     def __init__(self, params: WindowParams, *, slow_bytes: int, capacity: int,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, graph: Graph | None = None,
+                 coordinator: Coordinator | None = None, discard_resume: bool = False) -> None:
         self.params = params
+        self.graph = graph
+        self.resume = ResumePoints(coordinator) if coordinator is not None else None
+        self.discard_resume = discard_resume
+        self.resumed: dict[int, int] = {}       # spout -> the ack point it resumed from (a previous run's)
+        self.component_of: dict[int, str] = {}
         self.slow_bytes = slow_bytes
         self.capacity = capacity
         self.clock = clock
@@ -54,11 +76,9 @@ class WindowFlowControl:
     async def start(self, handles: Sequence[TaskHandle]) -> None:
         self.handles = {h.task_id: h for h in handles}
         gate = self.window_gate if self.window_gate is not None and self.window_gate.routes_tracked_tuples() else None
+        fed = self._fed_by(handles)
         for s in (h for h in handles if h.is_spout):
-            comps: dict[str, list[int]] = {}
-            for d in handles:
-                if s.task_id in d.upstream_task_ids:
-                    comps.setdefault(d.component, []).append(d.task_id)
+            comps = fed.get(s.task_id, {})
             keyed = gate.keyed_components(s.task_id) if gate is not None else frozenset()
             self.senders[s.task_id] = WindowSender(self.params, comps, keyed)
             self.acks[s.task_id] = CumulativeAck()
@@ -66,9 +86,45 @@ class WindowFlowControl:
             self.last_number[s.task_id] = 0
             self.limits[s.task_id] = None
             s.show(FlowDisplay())
+        if self.resume is not None:
+            spouts = sorted(self.senders)
+            await self.resume.start(spouts)
+            if gate is not None:
+                await self._resume_spouts(gate, spouts)
         if gate is None:
             self._executed = {h.task_id: h.executed_count() for h in handles if not h.is_spout}
             self._timer_task = asyncio.create_task(self._timer())
+
+    def _fed_by(self, handles: Sequence[TaskHandle]) -> dict[int, dict[str, list[int]]]:
+        """spout -> downstream component -> its tasks: off the handles, or the graph in workers."""
+        fed: dict[int, dict[str, list[int]]] = {}
+        if self.graph is None:
+            for d in handles:
+                self.component_of[d.task_id] = d.component
+                for up in d.upstream_task_ids:
+                    fed.setdefault(up, {}).setdefault(d.component, []).append(d.task_id)
+            return fed
+        for comp, (_, tasks, inputs) in self.graph.items():
+            for t in tasks:
+                self.component_of[t] = comp
+            for src in inputs:
+                for up in self.graph[src][1]:
+                    fed.setdefault(up, {})[comp] = list(tasks)
+        return fed
+
+    async def _resume_spouts(self, gate: WindowGate, spouts: Sequence[int]) -> None:
+        """W5 across restarts: each spout goes on from the state a previous run kept."""
+        assert self.resume is not None
+        tracked = gate.track_ack_points(self.resume.keep)
+        for s in spouts:
+            if s not in tracked:
+                continue
+            if self.discard_resume:
+                await self.resume.discard(s)
+                continue
+            kept = await self.resume.read(s)
+            if kept is not None and gate.restore_spout(s, kept[1]):
+                self.resumed[s] = kept[0]
 
     def poll(self, handle: TaskHandle) -> None:
         return None          # the windows move on acks (gate) or once per period (fallback)
@@ -81,6 +137,8 @@ class WindowFlowControl:
         for s, limit in self.limits.items():
             if limit is not None:
                 self._limit(s, None)
+        if self.resume is not None:
+            await self.resume.stop()
 
     # --- with a WindowGate: the document's per-tuple method -------------------------
     def may_send(self, spout: int, target: int) -> bool:
@@ -102,13 +160,20 @@ class WindowFlowControl:
         self.senders[spout].on_sent(root, target, now)
 
     def on_acked(self, spout: int, root: Hashable, now: float) -> None:
+        """W2/W3 for every window the tuple was in; W5 over send order. Per ack on the hot
+        path: the display is redone only when a window crosses ``initial`` or ``max``."""
         sender = self.senders[spout]
-        target = sender.target_of.get(root)
-        rt = sender.on_ack(root, now)
         number = self.numbers[spout].pop(root, None)
+        targets = sender.target_of.get(root)
+        if targets is None:
+            return
+        p = self.params
+        lo, hi = p.initial, p.max
+        before = [(w.window < lo, w.window < hi) for w in map(sender.windows.__getitem__, targets)]
+        rt = sender.on_ack(root, now)
         if rt is not None and number is not None:
             self.acks[spout].on_ack(number, rt)
-        if target is not None:
+        if before != [(w.window < lo, w.window < hi) for w in map(sender.windows.__getitem__, targets)]:
             self._show(spout)
 
     def on_failed(self, spout: int, root: Hashable, now: float) -> int | None:
@@ -139,7 +204,7 @@ class WindowFlowControl:
             self.handles[spout].show(FlowDisplay(small, shown[1], None))
 
     def resend_target(self, spout: int, busy: int) -> int | None:
-        return self.senders[spout].resend_target(self.handles[busy].component, busy)
+        return self.senders[spout].resend_target(self.component_of[busy], busy)
 
     # --- without one: windows from executed counts and queue levels --------------------
     async def _timer(self) -> None:

@@ -32,6 +32,9 @@ Rules (each is a test in ``tests/test_window_policy.py`` named after it)
   consumers in turn; a task with a full window is skipped.
 * **W8 acking required**: without acks there are no round trips; the config is
   refused (``topo.config.resolve``).
+* **W9 fan-out** (reconstruction: the document's spout feeds one component): a tuple
+  sent to several components is in flight in one window of each, and its ack (the
+  whole tree's) frees and classifies every one of them; a fail makes each BUSY.
 """
 from __future__ import annotations
 
@@ -52,7 +55,7 @@ class WindowParams:
     max: int = 4096
     rtt_threshold: float = 0.2         # seconds
     step: float = 1.0                  # tuples per ack (W2, W3)
-    batch: int = 64
+    batch: int = 256
     check_interval: float = 0.05       # seconds (the driver's period without per-tuple acks)
     rate_floor: float = 1.0
 
@@ -153,7 +156,7 @@ class WindowSender(Generic[R]):
         self.components = {c: list(ts) for c, ts in components.items()}
         self.keyed = keyed                 # components fed by fields grouping (W4: no resend elsewhere)
         self.windows: dict[int, SendWindow[R]] = {t: SendWindow(params) for ts in components.values() for t in ts}
-        self.target_of: dict[R, int] = {}
+        self.target_of: dict[R, list[int]] = {}   # one task per downstream component it went to
         self._next: dict[str, int] = {c: 0 for c in components}
 
     def pick(self, component: str, after: int | None = None) -> int | None:
@@ -168,19 +171,25 @@ class WindowSender(Generic[R]):
         return None
 
     def on_sent(self, root: R, target: int, now: float) -> None:
+        """A tuple fanned out to several components is in one window of each (W1, W9)."""
         self.windows[target].on_sent(root, now)
-        self.target_of[root] = target
+        targets = self.target_of.setdefault(root, [])
+        if target not in targets:
+            targets.append(target)
 
     def on_ack(self, root: R, now: float) -> float | None:
-        target = self.target_of.pop(root, None)
-        return None if target is None else self.windows[target].on_ack(root, now)
+        """The round trip (the whole tree's: every window it was in classifies it); None if unknown."""
+        rt = None
+        for target in self.target_of.pop(root, ()):
+            rt = self.windows[target].on_ack(root, now)
+        return rt
 
     def on_fail(self, root: R) -> int | None:
-        """W4: the busy task; None for an unknown root."""
-        target = self.target_of.pop(root, None)
-        if target is not None:
+        """W4: the (first) busy task, every window the tuple was in one smaller; None if unknown."""
+        targets = self.target_of.pop(root, [])
+        for target in targets:
             self.windows[target].on_fail(root)
-        return target
+        return targets[0] if targets else None
 
     def resend_target(self, component: str, busy: int) -> int | None:
         """W4: where a failed tuple goes again: another task with room, or the same one when keyed."""

@@ -476,8 +476,12 @@ class LocalEngine:
             for d, i in self.topology.downstream(s.component):
                 (free if isinstance(i.grouping, _MOVABLE) else fixed).add(d.id)
             movable[s.task_id], keyed[s.task_id] = frozenset(free - fixed), frozenset(fixed)
+        # Spouts that can resume from their ack point (W5); with checkpoints the checkpoint does.
+        positions = {s.task_id: (s.spout.snapshot_state, s.spout.restore_state) for s in self.spout_tasks
+                     if type(s.spout).has_state()} if self.checkpointer is None else {}
         gate = SendWindows(self.flow, {s.task_id: s.pending for s in self.spout_tasks},  # type: ignore[arg-type]
-                           component_of, movable, keyed)
+                           component_of, movable, keyed, positions=positions,
+                           stopping=lambda: self.run_state.stopping)
         for s in self.spout_tasks:
             s.outbox.gate = gate.admit
             s.outbox.batch_size = self.config["backpressure.window.batch"]   # W6: a spout's batches
@@ -578,7 +582,7 @@ class LocalEngine:
                 self.flow.share_router = self
             if self.scalable:                         # and one that scales components (004)
                 self.flow.scaler = self  # type: ignore[attr-defined]
-            if hasattr(self.flow, "window_gate") and self.acker is not None and self.network is None:
+            if hasattr(self.flow, "window_gate") and self.acker is not None:
                 self.flow.window_gate = self._send_windows()    # per-tuple send windows (002)
             await self.flow.start(self.tasks)
         except BaseException:     # a refused claim, an unreachable ZooKeeper, a bad checkpoint

@@ -16,12 +16,21 @@ global grouping a tuple's task is fixed: it waits for that task's window.
 The spout task reports every outcome (``on_outcome``): an ack grows or shrinks the
 window by its round trip (W2, W3), a fail or timeout makes the task BUSY (W4) and,
 if the tuple is sent again, its replay keeps its number for the ack point (W5).
+
+Resume positions (W5 for restarts): when the flow control keeps them
+(``track_ack_points``), each spout that keeps state gets an ``ack_points.AckPoint``,
+scanned at every flush and told every outcome; a restarted spout is put back at the
+kept state by ``restore_spout``. Not with checkpoints on: a checkpoint is a drained
+cut, where the ack point is every spout's offset, so the checkpoint is the durable
+ack point; resuming a spout later than it would skip tuples whose effects the bolts'
+restored state lacks.
 """
 from __future__ import annotations
 
 import time
 from typing import Any, Callable, Hashable, Mapping, Protocol
 
+from runtime.local.ack_points import AckPoint, Keep, hashable
 from runtime.local.outbox import Lane, Outbox
 
 
@@ -42,21 +51,18 @@ class WindowFlow(Protocol):
     def resend_target(self, spout: int, busy: int) -> int | None: ...
 
 
-def _hashable(msg_id: Any) -> Hashable | None:
-    try:
-        hash(msg_id)
-    except TypeError:
-        return None
-    return msg_id
-
-
 class SendWindows:
     """``seams.WindowGate`` for the spouts of one local engine."""
 
     def __init__(self, flow: WindowFlow, pending: Mapping[int, Mapping[int, tuple]],
                  component_of: Mapping[int, str], movable: Mapping[int, frozenset[str]],
-                 keyed: Mapping[int, frozenset[str]], clock: Callable[[], float] = time.perf_counter) -> None:
+                 keyed: Mapping[int, frozenset[str]], clock: Callable[[], float] = time.perf_counter,
+                 positions: Mapping[int, tuple[Callable[[], Any], Callable[[Any], None]]] | None = None,
+                 stopping: Callable[[], bool] = lambda: False) -> None:
         self.flow = flow
+        self.positions = positions or {}    # spout -> (snapshot_state, restore_state): spouts that can resume
+        self.stopping = stopping
+        self.ack_points: dict[int, AckPoint] = {}
         self.pending = pending              # spout task -> its pending roots (root -> (msg_id, ...))
         self.component_of = component_of    # downstream task -> its component
         self.movable = movable              # spout -> components whose tuples may change task
@@ -71,14 +77,32 @@ class SendWindows:
     def keyed_components(self, spout: int) -> frozenset[str]:
         return self.keyed.get(spout, frozenset())
 
+    def track_ack_points(self, keep: Callable[[int, int, Any], None]) -> frozenset[int]:
+        """From now on each spout that can resume reports its state at every new ack point."""
+        for spout, (snapshot, _) in self.positions.items():
+            k: Keep = lambda point, state, spout=spout: keep(spout, point, state)
+            self.ack_points[spout] = AckPoint(snapshot, k, self.stopping)
+        return frozenset(self.positions)
+
+    def restore_spout(self, spout: int, state: Any) -> bool:
+        """Put ``spout`` back at a state kept at its ack point (False: it cannot resume)."""
+        entry = self.positions.get(spout)
+        if entry is None:
+            return False
+        entry[1](state)
+        return True
+
     # --- what the spout task and its outbox call --------------------------------------
     def on_outcome(self, spout: int, root: int, ok: bool, msg_id: Any, sent_again: bool) -> None:
         now = self.clock()
+        ap = self.ack_points.get(spout)
+        if ap is not None:
+            ap.on_outcome(root, ok, msg_id, sent_again)
         if ok:
             self.flow.on_acked(spout, root, now)
             return
         busy = self.flow.on_failed(spout, root, now)
-        key = _hashable(msg_id)
+        key = hashable(msg_id)
         if sent_again and busy is not None and key is not None:
             self.resend[spout][key] = (root, busy)
         else:
@@ -89,6 +113,9 @@ class SendWindows:
         spout = outbox.task_id
         flow = self.flow
         pending = self.pending[spout]
+        ap = self.ack_points.get(spout)
+        if ap is not None:
+            ap.scan(pending)
         resend = self.resend[spout]
         if self.movable[spout]:
             self._spread(spout, outbox.lanes, pending, resend)
@@ -110,7 +137,7 @@ class SendWindows:
                         old = None
                         if resend:
                             entry = pending.get(root)
-                            key = _hashable(entry[0]) if entry is not None else None
+                            key = hashable(entry[0]) if entry is not None else None
                             old = resend.pop(key, None) if key is not None else None
                         flow.on_sent(spout, target, root, now, old[0] if old is not None else None)
                 k += 1
@@ -121,7 +148,7 @@ class SendWindows:
                    resend: Mapping[Hashable, tuple[int, int]]) -> int | None:
         """W4: where a replayed tuple should go (None: not a replay, or nowhere better)."""
         entry = pending.get(next(iter(t.anchors)))
-        key = _hashable(entry[0]) if entry is not None else None
+        key = hashable(entry[0]) if entry is not None else None
         hit = resend.get(key) if key is not None else None
         return self.flow.resend_target(spout, hit[1]) if hit is not None else None
 

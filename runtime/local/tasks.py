@@ -332,6 +332,11 @@ class SpoutTask(_TaskBase):
                     stats.backpressured_ns += await outbox.flush()
                 await self._wait_outcome()
                 continue
+            if outbox.gate is not None and outbox.pending_count >= outbox.batch_size:
+                stats.backpressured_ns += await outbox.flush()
+                if outbox.pending_count >= outbox.batch_size:
+                    await self._wait_outcome()      # send windows (document 002) hold a batch back: no more
+                    continue                        # records are read until acks free room
             before = collector.emitted
             limit = self._chunk()
             if max_tuples is not None:

@@ -81,16 +81,18 @@ log = logging.getLogger("topo.workers")
 
 _POLL_S = 0.02
 _REPLY_TIMEOUT_S = 5.0
-_IN_PROCESS_POLICIES = ("adaptive", "window")
 
 
 def check_shippable(topology: Topology, config: dict[str, Any]) -> None:
     """What cannot run in worker processes, as one line."""
-    policy = config.get("backpressure.policy")
-    if policy in _IN_PROCESS_POLICIES:
-        raise TopologyError(f"backpressure.policy {policy!r} works within one process only; with workers > 1 "
-                            f"use stepwise, source_stop or watermark (they cross workers through the "
-                               f"coordinator) or none")
+    if config.get("backpressure.policy") == "adaptive":
+        key = "backpressure.adaptive.max_parallelism"
+        top = int(config.get(key, 4))
+        least = min((c.parallelism for c in topology.bolts), default=top)
+        if top > least:
+            raise TopologyError(f"{key} {top}: autoscaling adds tasks within one process only; with workers > 1 "
+                                f"set it to at most {least} (the smallest bolt parallelism) to run adaptive "
+                                f"without autoscaling")
     port, workers = int(config.get("metrics.port") or 0), int(config.get("workers") or 1)
     if port and port + workers - 1 > 65535:
         raise TopologyError(f"metrics.port {port}: worker i serves its metrics on metrics.port + i, and "
