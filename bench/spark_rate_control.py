@@ -22,8 +22,9 @@ Two scenarios, run in the same process with every controller interleaved:
 
 The document's source is sized against its cluster (the burst exceeds the average
 processing rate, the average does not); here ``calibrate`` measures the rate this
-machine sustains with one-interval batches, before every round of runs (others' load
-moves it by an order of magnitude within minutes) and, unless ``--per-period`` is given,
+machine sustains with one-interval batches (from two runs of fixed batch sizes), before
+every round of runs (others' load moves it by an order of magnitude within minutes) and,
+unless ``--per-period`` is given,
 sizes the burst at ``burst_factor`` (1.6) times it, so the backlog a burst builds
 drains in the quiet half (the average is 0.8 times capacity).
 
@@ -123,34 +124,45 @@ def fit_overhead(batches: Sequence[Any]) -> tuple[float, float]:
     return max(0.0, my - slope * mx), 1.0 / slope
 
 
-def calibrate(spark: Any, rounds: int, partitions: int, interval_ms: float, seconds: float = 20.0,
-              min_batches: int = 6, attempts: int = 3) -> tuple[float, float, float]:
+CALIBRATION_SIZES = (8_000, 40_000)   # rows per batch of the two calibration runs
+
+
+def calibrate(spark: Any, rounds: int, partitions: int, interval_ms: float, seconds: float = 15.0,
+              sizes: Sequence[int] = CALIBRATION_SIZES, min_batches: int = 3,
+              attempts: int = 3) -> tuple[float, float, float]:
     """The rate (rows/s) this machine sustains with batches of one interval, with the
     fit it came from: ``(rate, a, c)``.
 
-    Runs Spark's DStream PID on a source that always has more than enough data (its
-    ramp gives batches of many sizes), fits ``processing_time = a + rows / c`` over the
-    batches after the first two, and returns ``c * (t_interval - a) / t_interval``:
+    Runs ``fixed`` caps of ``sizes`` rows per batch, ``seconds`` each, on a source that
+    always has more than enough data, fits ``processing_time = a + rows / c`` over the
+    batches after each run's first, and returns ``c * (t_interval - a) / t_interval``:
     the rows per second that fill an interval once the fixed per-batch cost is paid.
-    A run with fewer than ``min_batches`` batches to fit (a loaded machine, a slow
-    start of Spark's Python workers) is run again, up to ``attempts`` times.
+    (A rate controller would choose the sizes itself: under load the DStream PID shrank
+    its batches to a few hundred rows, all fixed cost, and the fit said 630 rows/s.)
+    A round whose fit has fewer than ``min_batches`` batches of a size, or no positive
+    slope, is run again, up to ``attempts`` times.
     """
     from runtime.spark import engine
 
     interval_s = interval_ms / 1000.0
     topo = topology(0, rounds, partitions, profile="constant", rate=1e7)
-    cfg = base_config(interval_ms) | {"spark.rate_control": "pid"}
     for _ in range(attempts):
-        result = engine.run(topo, cfg, spark=spark, duration=seconds)
-        if len(result.batches) - 2 >= min_batches:
-            a, c = fit_overhead(result.batches[2:])
-            print(f"calibration: {len(result.batches)} batches, fixed cost {a * 1000:.0f} ms, {c:.0f} rows/s "
-                  "marginal", flush=True)
-            if c * (interval_s - a) > 0:
-                return c * (interval_s - a) / interval_s, a, c
-        print(f"calibration: {len(result.batches)} batches in {seconds:.0f} s, not enough to fit; again", flush=True)
-    raise RuntimeError(f"calibration: no fit in {attempts} runs of {seconds:.0f} s; the machine is too loaded "
-                       "for this bench (see the load average)")
+        batches: list[Any] = []
+        enough = True
+        for size in sizes:
+            cfg = base_config(interval_ms) | {"spark.rate_control": "fixed",
+                                              "spark.max_rate_per_partition": size / interval_s / partitions}
+            got = engine.run(topo, cfg, spark=spark, duration=seconds).batches[1:]   # the first: the query's start
+            enough = enough and len(got) >= min_batches
+            batches += got
+        a, c = fit_overhead(batches)
+        print(f"calibration: {len(batches)} batches of {' and '.join(f'{n:,}' for n in sizes)} rows, fixed cost "
+              f"{a * 1000:.0f} ms, {c:.0f} rows/s marginal", flush=True)
+        if enough and c * (interval_s - a) > 0:
+            return c * (interval_s - a) / interval_s, a, c
+        print("calibration: not enough batches of each size, or no fit; again", flush=True)
+    raise RuntimeError(f"calibration: no fit in {attempts} rounds of {len(sizes)} runs of {seconds:.0f} s; the "
+                       "machine is too loaded for this bench (see the load average)")
 
 
 def warm_up(spark: Any, rounds: int, partitions: int, interval_ms: float, seconds: float = 15.0) -> None:

@@ -307,8 +307,8 @@ def test_the_fixed_cost_is_bounded_so_one_noisy_fit_cannot_collapse_the_cap():
     t = fixed_cost_batches(c, [10_000, 20_000, 30_000], a=0.9, marginal=1_000_000)
     assert c.fixed_cost() == pytest.approx(0.5)              # at most half the interval
     c.on_submit(t)
-    run_batch(c, t, 1.2, 1000)                               # overran: 1000 / 0.7 * 0.5
-    assert c.on_submit(t + 2.0) == pytest.approx(1000 / 0.7 * 0.5)
+    run_batch(c, t, 1.2, 40_000)                             # overran: 40,000 / 0.7 * 0.5
+    assert c.on_submit(t + 2.0) == pytest.approx(40_000 / 0.7 * 0.5)
     # and never more than half the batch's own processing time (0.3 s here), so a fast
     # batch cannot divide by almost nothing
     c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
@@ -418,3 +418,31 @@ def test_a_batch_cut_for_starting_late_ran_with_the_cut_cap():
     # 90% of it, done within the interval) and keep the cap at 50,000.
     assert c.on_submit(t + 2.0) == pytest.approx(fill - 0.2 * 0.2 * fill)
     assert c.last_case == 1
+
+
+# -- no cut where cutting does not help -------------------------------------------------------------
+
+def test_when_a_batch_takes_as_long_whatever_its_size_the_cap_stops_falling():
+    # a loaded machine: every batch takes 1.3 s, 1,000 rows or 300
+    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
+    caps = [c.on_submit(0.0)]
+    t = 0.0
+    for _ in range(6):
+        run_batch(c, t, 1.3, int(caps[-1]))
+        t += 2.0
+        caps.append(c.on_submit(t))
+    # formula 5 alone cuts by 1 / 1.3 a batch while the sizes are within 1.5x of each other
+    assert caps[1] == pytest.approx(1000 / 1.3) and caps[2] == pytest.approx(int(caps[1]) / 1.3)
+    # the third batch (591 rows) is 1.7x smaller than the first and took as long: the cap holds
+    assert c.cuts_are_useless()
+    assert caps[3:] == [caps[2]] * 4
+
+
+def test_a_fixed_cost_over_the_target_stops_the_cuts_and_a_real_slope_does_not():
+    c = AdaptiveRateController(1.0, 2, headroom=0.05, initial_rate_per_partition=500, min_rate=10)
+    fixed_cost_batches(c, [10_000, 20_000, 30_000], a=0.96, marginal=1_000_000)   # a >= 0.95
+    assert c.cuts_are_useless()
+    c = AdaptiveRateController(1.0, 2, headroom=0.05, initial_rate_per_partition=500, min_rate=10)
+    fixed_cost_batches(c, [10_000, 20_000, 30_000], a=0.4, marginal=30_000)       # rows cost time
+    assert not c.cuts_are_useless()
+    assert c.on_submit(10.0) < 30_000 / 1.0                                       # 1.4 s batches: cut

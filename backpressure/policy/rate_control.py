@@ -112,6 +112,14 @@ document's:
   delay decays by only the headroom per batch; with it, in one batch. The cap a batch ran
   with (``latestRate``, the under-filled test below) is the cap after the cut, worked out
   from the batch's own waiting time with the marginal rate published with the decision.
+* **No cut where cutting does not help** (``cuts_are_useless``). When a batch's time does
+  not depend on its size (a loaded machine: on the bench's, batches of 50 rows took as
+  long as batches of 1,000, 0.6 to 1.4 s), formula (5) reads a smaller batch as a
+  slower processing rate and cuts again: the cap falls to ``min_rate`` in ten batches
+  and throughput with it, while the batches take no less time. So when the last batches
+  (at least three, sizes at least 1.5x apart, the latest included) show no positive
+  slope of time over size, or a fitted fixed cost at or over ``target``, cases 1 and 3
+  never lower the cap below the one the latest batch ran with.
 * **A batch that took all the source had.** A batch that admitted under 90% of its cap
   and finished within the interval says the source ran dry, not that the cap is too high;
   in case 1 it never lowers the cap (the cap stays where it was for the next burst instead
@@ -149,7 +157,7 @@ SPARK_MIN_RATE = 100.0
 FIT_BATCHES = 8           # finished batches the fixed-cost fit looks back over
 FIT_SIZE_SPREAD = 1.5     # the fit needs a batch this many times larger than another
 UNDERFILLED = 0.9         # a batch under this share of its cap took all the source had
-HEADROOM = 0.1            # doc001 aims each batch at this much under the interval
+HEADROOM = 0.05           # doc001 aims each batch at this much under the interval
 LATE_FLOOR = 0.5          # a late batch keeps at least this share of its cap
 
 
@@ -300,21 +308,34 @@ class AdaptiveRateController:
         a = min(self.fixed_cost(), last.processing_time / 2)
         return last.elements / (last.processing_time - a)
 
-    def fixed_cost(self) -> float:
-        """``a`` of ``t_proc = a + n / c`` over the finished batches before the latest
-        (seconds, in ``[0, t_interval / 2]``; 0 while the fit is not defined)."""
-        points = list(self._sizes)[:-1]
+    def _fit(self, points: list[tuple[int, float]]) -> tuple[float, float] | None:
+        """``(slope, intercept)`` of ``t_proc = a + n / c`` by least squares; ``None`` with
+        fewer than two points or sizes within ``FIT_SIZE_SPREAD`` of each other."""
         if len(points) < 2:
-            return 0.0
+            return None
         xs = [float(n) for n, _ in points]
         ys = [t for _, t in points]
         if max(xs) < FIT_SIZE_SPREAD * min(xs):
-            return 0.0
+            return None
         mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
         slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-        if slope <= 0:
+        return slope, my - slope * mx
+
+    def fixed_cost(self) -> float:
+        """``a`` of ``t_proc = a + n / c`` over the finished batches before the latest
+        (seconds, in ``[0, t_interval / 2]``; 0 while the fit is not defined)."""
+        fit = self._fit(list(self._sizes)[:-1])
+        if fit is None or fit[0] <= 0:
             return 0.0
-        return min(max(0.0, my - slope * mx), self.t_interval / 2)
+        return min(max(0.0, fit[1]), self.t_interval / 2)
+
+    def cuts_are_useless(self) -> bool:
+        """Over the last batches (at least three, sizes 1.5x apart), a batch's time did not
+        grow with its size, or its fixed cost alone is over ``target``: no cap makes a
+        batch fit, and a smaller one only loses throughput (module docstring)."""
+        points = list(self._sizes)
+        fit = self._fit(points) if len(points) >= 3 else None
+        return fit is not None and (fit[0] <= 0 or fit[1] >= self.target)
 
     def fill_rate(self, elements: int, processing_time: float) -> float:
         """The cap (records per second of interval) whose batch takes ``target``, from one
@@ -359,6 +380,8 @@ class AdaptiveRateController:
         elif self._running_start is not None and self._running_start <= submit_time:
             self.last_case = 3
             rate = self.pid(self.block_time(submit_time, self._running_start))
+            if self.cuts_are_useless():
+                rate = max(rate, self._finished[-1][1])
         else:
             last, latest_rate, _ = self._finished[-1]
             if self._in_window(last):
@@ -371,7 +394,7 @@ class AdaptiveRateController:
             else:
                 self.last_case = 1
                 rate = self.pid(0.0)
-                if self._underfilled(last, latest_rate):
+                if self._underfilled(last, latest_rate) or self.cuts_are_useless():
                     rate = max(rate, latest_rate)
         self._submissions.append((submit_time, rate, self.marginal_rate()))
         self.rate = rate
