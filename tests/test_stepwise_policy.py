@@ -844,3 +844,124 @@ def test_release_window_and_flat_queue_holds_come_from_the_config() -> None:
     assert p.light_window == 0.05 and p.flat_queue_holds and p.hard_bound == 96_000
     with pytest.raises(ValueError, match="release_window"):
         StepwiseParams(release_window=-1.0)
+
+
+# -- bracket_search (a setting; off in the document) -----------------------------------------------
+
+def _searching(originv: float = 20_000.0) -> tuple[World, Downstream, Throttle, StepwiseParams]:
+    params = StepwiseParams(step=0.5, high_mark=HIGH, low_mark=LOW, sensitivity=2.0, rate_floor=1.0,
+                            fine_steps=8, bracket_search=True)
+    w = World(params, rates={1: originv})
+    return w, Downstream(10, [1], params, 0.0), w.throttle(1), params
+
+
+def _run(w: World, d: Downstream, th: Throttle, t: float, cap: float, n: int) -> tuple[float, list[float | None]]:
+    """``n`` checks ``sensitivity`` apart: the queue over the high mark while the rate is over ``cap``,
+    empty under it. The rates in force (``originv`` when the limiter is off)."""
+    rates = []
+    for _ in range(n):
+        t += 2.0
+        w.check(d, t, HIGH if th.rate is None or th.rate > cap else 0)
+        rates.append(th.rate if th.rate is not None else th.originv)
+    return t, rates
+
+
+# 0.93: the neighbours are 18,340 and the free rate, so the upstream is let go entirely and overloads
+# again at once: its originv becomes one whole step over the first (40,000), once.
+@pytest.mark.parametrize("cap_share, originv", [(0.55, 20_000.0), (0.7, 20_000.0), (0.93, 40_000.0)])
+def test_bracket_search_settles_on_the_two_fine_steps_around_the_capacity_and_restores_originv(
+        cap_share: float, originv: float) -> None:
+    w, d, th, params = _searching()
+    w.check(d, 0.0, HIGH)
+    assert th.k == 8 and th.rate == 10_000.0              # no bracket yet: a whole step
+    cap = cap_share * 20_000.0
+    t, rates = _run(w, d, th, 0.0, cap, 30)
+    above = min(r for k in range(9) if (r := 20_000.0 * 0.5 ** (k / 8)) > cap)
+    below = max(r for k in range(9) if (r := 20_000.0 * 0.5 ** (k / 8)) <= cap)
+    assert set(rates[-12:]) == {above, below}, rates     # only the neighbours of the capacity, both
+    while th.k:
+        t += 2.0
+        w.check(d, t, LOW)
+    assert th.rate is None and th.nominal_rate == originv == th.originv and not th.backpressure
+
+
+def test_bracket_search_an_overload_where_it_was_light_costs_one_part_then_doubling() -> None:
+    w, d, th, _ = _searching()
+    w.check(d, 0.0, HIGH)                 # k 8
+    w.check(d, 2.0, 0)
+    w.check(d, 4.0, 0)                    # light at 8, nothing overloaded yet known... (over 0): k 4
+    assert th.k == 4
+    w.check(d, 6.0, HIGH)                 # over at 4, light at 8: the middle
+    assert th.k == 6
+    w.check(d, 8.0, 0)
+    w.check(d, 10.0, 0)                   # light at 6: between 4 and 6
+    assert th.k == 5
+    w.check(d, 12.0, HIGH)                # over at 5: next to light 6
+    assert th.k == 6
+    ks = []
+    for i in range(4):                    # overloaded at 6, where it was light: the capacity fell
+        w.check(d, 14.0 + 2.0 * i, HIGH)
+        ks.append(th.k)
+    assert ks == [7, 9, 13, 21]           # one part, then 2, 4, and a whole step (8) at most
+
+
+def test_bracket_search_a_light_window_where_it_overloaded_releases_whole_steps() -> None:
+    w, d, th, _ = _searching()
+    w.check(d, 0.0, HIGH)                 # 8
+    w.check(d, 2.0, HIGH)                 # over at 8, no light known: 16
+    w.check(d, 4.0, 0)
+    w.check(d, 6.0, 0)                    # light at 16: the middle, 12
+    w.check(d, 8.0, HIGH)                 # over at 12: 14
+    assert th.k == 14
+    ks = []
+    for i in range(4):                    # the capacity rose: the queue stays empty
+        w.check(d, 10.0 + 2.0 * i, 0)
+        ks.append(th.k)
+    # light at 14: the middle of (12, 14); light at 13: 12; light at 12, where it overloaded: that side
+    # is dropped and the release is a whole step (8 parts).
+    assert ks == [14, 13, 12, 4]
+    w.check(d, 18.0, 0)
+    assert th.k == 0 and th.rate is None and th.nominal_rate == 20_000.0
+
+
+def test_bracket_search_an_overload_soon_after_the_episode_keeps_the_bracket_and_long_after_does_not() -> None:
+    w, d, th, params = _searching()
+    w.check(d, 0.0, HIGH)                 # 8
+    t = 0.0
+    for _ in range(2):
+        t += 2.0
+        w.check(d, t, 0)
+    assert th.k == 4                      # light at 8, over at 0: the middle
+    while th.k:
+        t += 2.0
+        w.check(d, t, 0)
+    t += 2.0
+    w.check(d, t, 0)                      # light and holding nothing: the episode ended
+    w.check(d, t + 0.5, HIGH)             # a source catching up overloads at once at k 0: light was at 1
+    assert th.k == 1 and th.originv == 40_000.0        # and its originv is one whole step over the first
+    while th.k:
+        t += 2.0
+        w.check(d, t, 0)
+    t += 2.0
+    w.check(d, t, 0)
+    while th.k:
+        t += 2.0
+        w.check(d, t, 0)
+    t += 2.0
+    w.check(d, t, 0)
+    w.check(d, t + 0.5, HIGH)             # once more, soon after: not another step over it
+    assert th.k > 0 and th.originv == 40_000.0
+    while th.k:
+        t += 2.0
+        w.check(d, t, 0)
+    t += 2.0
+    w.check(d, t, 0)
+    w.check(d, t + params.originv_memory + 1.0, HIGH)    # long after: a new episode, a whole step
+    assert th.k == 8 and th.originv == 20_000.0          # from the measured rate
+
+
+def test_bracket_search_comes_from_the_config_and_is_off_by_default() -> None:
+    from topo.config import resolve
+    assert not StepwiseParams.from_config(resolve({})).bracket_search
+    assert StepwiseParams.from_config(resolve({"backpressure.bracket_search": True,
+                                               "backpressure.fine_steps": 16})).bracket_search

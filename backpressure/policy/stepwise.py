@@ -105,6 +105,39 @@ that comes back within ``originv_memory`` of the end of an episode continues it
 (a reversal: half the last step) instead of starting over with a whole step.
 ``n = 1`` is the document exactly.
 
+Bracket search (a setting; off in the document)
+----------------------------------------------
+The reversal rule above forgets where it has been: a release that found the queue
+still light (the queue needs time to build at a rate just over the capacity) is
+followed by more, and by the third in a row the step doubles back, past the
+capacity. With ``bracket_search`` (meant with ``fine_steps`` > 1) a downstream keeps,
+per upstream, the bracket the capacity lies in, in the upstream's steps ``k`` (its
+published ``k``, so a sibling's steps count too): ``over``, the largest ``k`` at which
+its queue reached the high mark (a rate too high), and ``light``, the smallest at
+which the low mark held for the light window (a rate the task keeps up with). A step
+down goes to the middle of the bracket, or one whole step when ``light`` is unknown;
+a release goes to the middle, or one whole step when ``over`` is unknown. Once the
+two are neighbours (``fine_steps`` parts of a step apart), the rate moves between
+them: just over the capacity the queue fills slowly, just under it drains slowly, and
+the bottleneck stays busy. Evidence against the bracket drops that side: a light
+window at or before ``over`` (the capacity rose) releases a whole step, and so does
+every further release until a new overload; an overload at or past ``light`` costs
+one part of a step (a light window is weak evidence: at a rate just over the capacity
+the queue takes longer than the window to reach the low mark), doubling at each
+further step down until a light window is seen again. Being a little over the
+capacity costs a slowly filling queue, being under it costs throughput, hence the
+asymmetry.
+
+A new episode (the upstream back at ``k == 0``) starts with no bracket, unless it
+comes within ``originv_memory`` of the last: then the bracket stands, and the
+upstream takes as ``originv`` one whole step over the first episode's (or its
+measured rate, if higher), once, however many episodes follow. An upstream that
+overloads its downstream again as soon as it is let go entirely ran faster than
+that ``originv`` while free (its rate meter lags such a burst): a source catching up
+on a backlog after the capacity came back, whose pre-episode rate was under the
+new capacity. With the old ``originv`` no step could give it the capacity: it would
+alternate between free bursts into the hard bound and a rate the bottleneck idles at.
+
 Two more settings (off in the document)
 ---------------------------------------
 * ``release_window``: the low mark must hold this long (instead of ``sensitivity``)
@@ -148,6 +181,7 @@ class StepwiseParams:
     queue_smoothing: float = 0.0        # time constant (s) of the queue level the marks are read on (0: raw)
     release_window: float = 0.0         # seconds the low mark must hold for a release (0: sensitivity)
     flat_queue_holds: bool = False      # a queue over the high mark that stopped growing is not stepped again
+    bracket_search: bool = False        # with fine_steps: each move halves the bracket of rates seen (below)
     hard_bound: int | None = None       # queue bytes at which emit waits (None: 2 x high_mark)
 
     def __post_init__(self) -> None:
@@ -191,6 +225,7 @@ class StepwiseParams:
                    queue_smoothing=float(config.get("backpressure.queue_smoothing_ms", 0.0)) / 1000.0,
                    release_window=float(config.get("backpressure.release_window_ms", 0.0)) / 1000.0,
                    flat_queue_holds=bool(config.get("backpressure.flat_queue_holds", False)),
+                   bracket_search=bool(config.get("backpressure.bracket_search", False)),
                    hard_bound=None if config.get("queue.hard_bound") is None else int(config["queue.hard_bound"]))
 
 
@@ -240,6 +275,9 @@ class Downstream:
         self.last_dir: dict[int, str] = {}
         self.streak: dict[int, int] = {}      # moves in a row in last_dir
         self.ended_at: dict[int, float] = {}  # light holding nothing on u since (the episode ended)
+        self.over: dict[int, int] = {}        # bracket_search: largest upstream k seen overloading
+        self.light: dict[int, int] = {}       # bracket_search: smallest upstream k seen light
+        self.creep: dict[int, int] = {}       # bracket_search: the last step down after a contradiction
         self.level = NORMAL
         self.last_check = now
         self.last_bytes: float | None = None  # queue level at the previous periodic check
@@ -324,7 +362,7 @@ class Downstream:
                     continue
                 if draining and (v.k > 0 or self.holds.get(u, 0) > 0):
                     continue  # the rate in force is working: the backlog is falling
-                out.append(self._move(u, BACKPRESSURE, now))
+                out.append(self._move(u, BACKPRESSURE, now, v.k if view(u) is not None else None))
                 self.step_level = queue_bytes
         elif self.low_since is not None and now - self.low_since >= p.light_window:
             self.level = LIGHT
@@ -332,10 +370,11 @@ class Downstream:
             released = False
             for u, h in list(self.holds.items()):
                 if h > 0 and u not in self.pending:
-                    out.append(self._move(u, RELEASE, now))
+                    v = view(u)
+                    out.append(self._move(u, RELEASE, now, None if v is None else v.k))
                     released = True
             for u in self.upstreams:          # light and holding nothing: the episode is over for u
-                if u not in self.holds and u not in self.pending and u in self.last_dir:
+                if u not in self.holds and u not in self.pending and self._searched(u):
                     self.ended_at.setdefault(u, now)
             if released:
                 self.low_since = now      # each further step up needs a fresh light window
@@ -358,9 +397,15 @@ class Downstream:
         self.blocked.add(u)
         self.retry_at = until if self.retry_at is None else min(self.retry_at, until)
 
-    def _move(self, u: int, kind: str, now: float) -> Signal:
-        """One step down (BACKPRESSURE) or up (RELEASE) of the size this upstream is at."""
+    def _move(self, u: int, kind: str, now: float, k: int | None = None) -> Signal:
+        """One step down (BACKPRESSURE) or up (RELEASE) of the size this upstream is at.
+
+        ``k`` is the upstream's published step count (None: not seen; our own hold stands in).
+        """
         whole = self.params.fine_steps
+        h = self.holds.get(u, 0)
+        if self.params.bracket_search:
+            return self._send(u, self._bracket(u, kind, h if k is None else k, h, now), kind, now)
         ended = self.ended_at.pop(u, None)
         if ended is not None and now - ended >= self.params.originv_memory:
             self.last_dir.pop(u, None)            # a new episode, not the last one coming back
@@ -376,8 +421,47 @@ class Downstream:
         elif streak == 2 and size < whole:
             size = max(1, size // 2)              # closing in on it (bisection)
         self.size[u], self.last_dir[u], self.streak[u] = size, kind, streak
-        h = self.holds.get(u, 0)
         return self._send(u, h + size if kind == BACKPRESSURE else max(0, h - size), kind, now)
+
+    def _searched(self, u: int) -> bool:
+        """Whether a step size or a bracket is kept for ``u`` (what ``originv_memory`` may carry over)."""
+        return u in self.last_dir or u in self.over or u in self.light
+
+    def _bracket(self, u: int, kind: str, k: int, h: int, now: float) -> int:
+        """``bracket_search``: the hold to ask for, halfway across the bracket the capacity lies in."""
+        whole = self.params.fine_steps
+        ended = self.ended_at.pop(u, None) if kind == BACKPRESSURE else None
+        if kind == BACKPRESSURE and k == 0 and (ended is None or now - ended >= self.params.originv_memory):
+            for side in (self.over, self.light, self.creep):
+                side.pop(u, None)                 # a new episode: nothing known yet
+        over, light = self.over.get(u), self.light.get(u)
+        creep = self.creep.pop(u, None)
+        if kind == BACKPRESSURE:
+            if light is not None and light <= k:
+                # Overloaded where it was light: that light window was too short to show a rate just
+                # over the capacity, or the capacity fell a little: one part of a step, doubling while
+                # the overload goes on (a capacity that fell far is reached in a few checks).
+                creep, light = 1, None
+            elif creep is not None and light is None:
+                creep = min(whole, 2 * creep)
+            if creep is not None:
+                target = k + creep
+                self.creep[u] = creep
+            else:
+                target = max(k + 1, k + whole if light is None else (k + light + 1) // 2)
+            over = k
+        else:
+            if over is not None and over >= k:
+                over = None                       # light where it overloaded: the capacity rose
+            target = min(k - 1, k - whole if over is None else (over + k) // 2)
+            light = k
+        for side, val in ((self.over, over), (self.light, light)):
+            if val is None:
+                side.pop(u, None)
+            else:
+                side[u] = val
+        mine = h + (target - k)                   # in our own hold (siblings' steps stay theirs)
+        return max(h + 1, mine) if kind == BACKPRESSURE else max(0, min(h - 1, mine))
 
     def _send(self, u: int, k: int, kind: str, now: float) -> Signal:
         self.seq += 1
@@ -402,7 +486,7 @@ class Downstream:
             else:
                 self.holds.pop(u, None)
                 self.wants.pop(u, None)
-                if u in self.last_dir:
+                if self._searched(u):
                     self.ended_at.setdefault(u, pend.sent_at)    # holding nothing: the episode ended
         elif now - pend.sent_at >= self.params.resend_after:
             pend.sent_at = now
@@ -428,6 +512,7 @@ class Throttle:
         self.k = 0
         self.k_max = 0
         self.originv: float | None = None     # kept after a release: the last episode's value
+        self.first_originv = 0.0              # originv of the first of episodes within originv_memory
         self.in_episode = False               # some downstream holds a step (originv is current)
         self.stepped_at: float | None = None  # the last step down, and for whom
         self.stepped_by = -1
@@ -541,7 +626,12 @@ class Throttle:
             originv = float(observed_rate)
             if (self.originv is not None and self.released_at is not None
                     and now - self.released_at < p.originv_memory):
-                originv = max(originv, self.originv)
+                # Under bracket_search a source overloading again soon after it was let go entirely
+                # ran faster than that originv (its meter lags the burst): one whole step over the
+                # first episode's, however many follow.
+                originv = max(originv, self.first_originv / p.step if p.bracket_search else self.originv)
+            else:
+                self.first_originv = originv
             k_max = max_steps(originv, p.step, p.rate_floor, p.fine_steps) if originv > 0 else 0
             if k_max == 0:
                 return None     # no steppable rate measured yet (a task just started): wait for one
