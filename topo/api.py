@@ -218,6 +218,12 @@ class OutputCollector(Protocol):
     def emit(self, values: Sequence[Any], stream: str = DEFAULT_STREAM,
              anchors: "Tuple | Sequence[Tuple] | None" = None) -> None: ...
 
+    def emit_many(self, values_list: Sequence[Sequence[Any]], stream: str = DEFAULT_STREAM,
+                  anchors: "Tuple | Sequence[Tuple] | None" = None,
+                  anchor_each: "Sequence[Tuple] | None" = None) -> None:
+        """``emit`` of each values in turn, in one call: all with the same ``anchors``, or
+        ``values_list[i]`` anchored to ``anchor_each[i]``."""
+
     def ack(self, tup: Tuple) -> None: ...
 
     def fail(self, tup: Tuple) -> None: ...
@@ -227,6 +233,10 @@ class SpoutOutputCollector(Protocol):
     """What a spout emits through. ``msg_id`` makes the tuple tracked when acking is on."""
 
     def emit(self, values: Sequence[Any], stream: str = DEFAULT_STREAM, msg_id: Any = None) -> None: ...
+
+    def emit_many(self, values_list: Sequence[Sequence[Any]], stream: str = DEFAULT_STREAM,
+                  msg_ids: Sequence[Any] | None = None) -> None:
+        """``emit`` of each values in turn (with the msg_id at the same position), in one call."""
 
 
 @dataclass(frozen=True)
@@ -314,6 +324,15 @@ class Bolt(Component):
     With ``auto_ack = True`` (the default, like Storm's BasicBolt) the engine anchors
     every emit to the input tuple and acks it when ``execute`` returns; an exception
     fails it. Set ``auto_ack = False`` to anchor, ack and fail by hand.
+
+    A bolt may instead (or also) define a plain ``execute_batch(tuples)``: the local
+    engine then hands it each transfer batch whole (Bytewax's ``flat_map_batch``), which
+    saves the per-tuple call and lets it use C-speed loops. Inside it there is no current
+    tuple, so emits are anchored only as they say (``emit_many(values, anchors=t)``, or
+    ``emit_many(values_list, anchor_each=parents)`` with one parent per values);
+    with ``auto_ack`` every tuple of the batch is acked when it returns, and all of them
+    fail if it raises. Where no batch is at hand (the test harness, Spark) ``execute``
+    calls it with a batch of one.
     """
 
     auto_ack: bool = True
@@ -333,7 +352,19 @@ class Bolt(Component):
         self.context = context
 
     def execute(self, tup: Tuple) -> Any:
+        if type(self).execute_batch is not Bolt.execute_batch:
+            return self.execute_batch([tup])
         raise NotImplementedError
+
+    def execute_batch(self, tuples: Sequence[Tuple]) -> Any:
+        """Every tuple of one batch in one call (optional; see the class docstring)."""
+        for tup in tuples:
+            self.execute(tup)
+
+    @classmethod
+    def batched(cls) -> bool:
+        """Whether this bolt takes whole batches (it overrides ``execute_batch``)."""
+        return cls.execute_batch is not Bolt.execute_batch
 
     def tick(self) -> None:
         """Periodic hook (see ``tick_interval_s``), e.g. to flush a buffered sink."""

@@ -225,6 +225,12 @@ class _BoltCollector:
         anchored = () if anchors is None else (anchors,) if isinstance(anchors, Tuple) else tuple(anchors)
         h.emitted.append(Emitted(checked, stream, anchored))
 
+    def emit_many(self, values_list: Sequence[Sequence[Any]], stream: str = DEFAULT_STREAM,
+                  anchors: Tuple | Sequence[Tuple] | None = None,
+                  anchor_each: Sequence[Tuple] | None = None) -> None:
+        for values, anchor in _beside(self._h.name, values_list, anchor_each, anchors, "anchor_each tuples"):
+            self.emit(values, stream, anchor)
+
     def ack(self, tup: Tuple) -> None:
         self._h._settle(tup, self._h.acked, "acked")
 
@@ -322,6 +328,22 @@ class _SpoutCollector:
                 raise HarnessError(f"{h.name} emitted msg_id {msg_id!r} while it is still pending")
             h.pending[msg_id] = emitted
         h.emitted.append(emitted)
+
+    def emit_many(self, values_list: Sequence[Sequence[Any]], stream: str = DEFAULT_STREAM,
+                  msg_ids: Sequence[Any] | None = None) -> None:
+        for values, msg_id in _beside(self._h.name, values_list, msg_ids, None, "msg_ids"):
+            self.emit(values, stream, msg_id)
+
+
+def _beside(name: str, values_list: Sequence[Any], each: Sequence[Any] | None, default: Any,
+            what: str) -> list[tuple[Any, Any]]:
+    """``emit_many``'s values paired with what goes beside each (its msg_id or anchor)."""
+    if each is None:
+        return [(v, default) for v in values_list]
+    if len(each) != len(values_list):
+        raise EmitError(f"{name} called emit_many with {len(values_list)} values and {len(each)} {what} "
+                        f"(one per values)")
+    return list(zip(values_list, each))
 
 
 __all__ = ["BoltHarness", "SpoutHarness", "Emitted", "HarnessError"]

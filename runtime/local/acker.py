@@ -16,7 +16,9 @@ than the message timeout.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
+
+from topo.api import Tuple
 
 # The owner of a root: told (root, ok, reason) once its tree completes or fails.
 Outcome = Callable[[int, bool, str], None]
@@ -65,6 +67,14 @@ class Acker:
                     self.complete(root, e)
             elif self.forward_ack is not None and root & 0xFF != self.root_tag:
                 self.forward_ack(root, edge ^ value)
+
+    def ack_batch(self, tuples: Sequence[Tuple]) -> None:
+        """``ack`` of every tracked tuple of a batch in one call (a batch bolt's auto-ack)."""
+        ack = self.ack
+        for tup in tuples:
+            anchors = tup.anchors
+            if anchors:
+                ack(anchors, tup.ackcell[0])
 
     def apply(self, root: int, xor: int) -> None:
         """An ack of a tuple of this worker's root, made in another worker."""

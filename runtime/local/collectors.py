@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Sequence
 
-from topo.api import DEFAULT_STREAM, Tuple, WireTuple
+from topo.api import DEFAULT_STREAM, EmitError, Tuple, WireTuple
 from runtime.local.acker import Acker, Outcome
 from runtime.local.outbox import Outbox
 from runtime.observe.stats import TaskStats
@@ -66,6 +66,42 @@ def untracked_emit(outbox: Outbox, counter: Any, msg_ids: list[Any] | None) -> C
     return emit
 
 
+def count_mismatch_error(component: str, values_list: Sequence[Any], others: Sequence[Any],
+                         what: str) -> EmitError:
+    """``emit_many`` given a list beside its values (``msg_ids``, ``anchor_each``) of another length."""
+    return EmitError(f"component {component!r} called emit_many with {len(values_list)} values and "
+                     f"{len(others)} {what} (one per values)")
+
+
+def untracked_emit_many(outbox: Outbox, counter: Any, acks: list[Any] | None, *,
+                        spout: bool) -> Callable[..., None]:
+    """A collector's ``emit_many`` for untracked tuples; a spout's takes ``msg_ids`` (which
+    ``acks`` collects, as ``untracked_emit``'s ``msg_ids`` does), a bolt's ``anchors``."""
+    many = outbox.untracked_many
+    unknown = outbox.unknown_stream
+
+    def send(values_list: Sequence[Sequence[Any]], stream: str, beside: Sequence[Any] | None, what: str) -> None:
+        f = many.get(stream)
+        if f is None:
+            raise unknown(stream)
+        if beside is not None and len(beside) != len(values_list):
+            raise count_mismatch_error(outbox.component, values_list, beside, what)
+        f(values_list, 0.0)
+        counter.emitted += len(values_list)
+
+    def emit_many_bolt(values_list: Sequence[Sequence[Any]], stream: str = DEFAULT_STREAM,
+                       anchors: Any = None, anchor_each: Sequence[Tuple] | None = None) -> None:
+        send(values_list, stream, anchor_each, "anchor_each tuples")
+
+    def emit_many_spout(values_list: Sequence[Sequence[Any]], stream: str = DEFAULT_STREAM,
+                        msg_ids: Sequence[Any] | None = None) -> None:
+        send(values_list, stream, msg_ids, "msg_ids")
+        if msg_ids is not None and acks is not None:
+            acks.extend(m for m in msg_ids if m is not None)
+
+    return emit_many_spout if spout else emit_many_bolt
+
+
 class SpoutCollector:
     """The collector a spout emits through (``SpoutOutputCollector``).
 
@@ -76,16 +112,30 @@ class SpoutCollector:
     when it replays).
     """
 
-    __slots__ = ("emit", "emitted")
+    __slots__ = ("emit", "emit_many", "emitted")
 
     def __init__(self, outbox: Outbox, *, acker: Acker | None, pending: dict[int, Pending],
                  on_outcome: Outcome, getrandbits: Callable[[int], int],
                  untracked_acks: list[Any] | None) -> None:
         self.emitted = 0
+        untracked_many = untracked_emit_many(outbox, self, untracked_acks, spout=True)
         if acker is None:
             self.emit = untracked_emit(outbox, self, untracked_acks)
+            self.emit_many = untracked_many
         else:
-            self.emit = self._tracked_emit(outbox, acker, pending, on_outcome, getrandbits)
+            self.emit = emit = self._tracked_emit(outbox, acker, pending, on_outcome, getrandbits)
+
+            def emit_many(values_list: Sequence[Sequence[Any]], stream: str = DEFAULT_STREAM,
+                          msg_ids: Sequence[Any] | None = None) -> None:
+                """Tracked roots are opened one by one (each has its own ledger entry)."""
+                if msg_ids is None:
+                    return untracked_many(values_list, stream)
+                if len(msg_ids) != len(values_list):
+                    raise count_mismatch_error(outbox.component, values_list, msg_ids, "msg_ids")
+                for values, msg_id in zip(values_list, msg_ids):
+                    emit(values, stream, msg_id)
+
+            self.emit_many = emit_many
 
     def _tracked_emit(self, outbox: Outbox, acker: Acker, pending: dict[int, Pending], on_outcome: Outcome,
                       getrandbits: Callable[[int], int]) -> Callable[..., None]:
@@ -124,8 +174,8 @@ class SpoutCollector:
 class BoltCollector:
     """The collector a bolt emits, acks and fails through (``OutputCollector``)."""
 
-    __slots__ = ("_outbox", "_acker", "_stats", "_name", "_auto_anchor", "_getrandbits",
-                 "emit", "emitted", "current", "on_loop")
+    __slots__ = ("_outbox", "_acker", "_stats", "_name", "_auto_anchor", "_getrandbits", "_untracked_many",
+                 "emit", "emit_many", "emitted", "current", "on_loop")
 
     def __init__(self, outbox: Outbox, *, acker: Acker | None, stats: TaskStats, auto_anchor: bool,
                  getrandbits: Callable[[int], int]) -> None:
@@ -144,6 +194,9 @@ class BoltCollector:
         # emit(values, stream="default", anchors=None), bound per task like the spout's.
         self.emit = (untracked_emit(outbox, self, None) if acker is None
                      else self._auto_anchored_emit())
+        # emit_many(values_list, stream="default", anchors=None): msg ids are a spout's only.
+        self._untracked_many = untracked_emit_many(outbox, self, None, spout=False)
+        self.emit_many = self._untracked_many if acker is None else self._emit_many_tracked
 
     def _auto_anchored_emit(self) -> Callable[..., None]:
         """Tracked emit with the common case first: anchored to the input being executed."""
@@ -171,17 +224,24 @@ class BoltCollector:
 
         return emit
 
-    def _emit_tracked(self, values: Sequence[Any], stream: str = DEFAULT_STREAM,
-                      anchors: Tuple | Sequence[Tuple] | None = None) -> None:
-        """Explicit anchors (or none): the emit is tracked when any anchor is."""
-        self.emitted += 1
+    def _anchored(self, anchors: Tuple | Sequence[Tuple] | None) -> tuple[Sequence[Tuple], Any]:
+        """The parents of an emit and their roots (an emit is tracked when any parent is)."""
         if anchors is None and self._auto_anchor:
             anchors = self.current
-        parents = () if anchors is None else (anchors,) if isinstance(anchors, Tuple) else tuple(anchors)
+        if isinstance(anchors, Tuple):
+            return (anchors,), anchors.anchors     # one parent: its anchors dict's keys are its roots
+        parents = () if anchors is None else tuple(anchors)
         roots: dict[int, None] = {}
         for p in parents:
             if p.anchors:
                 roots.update(dict.fromkeys(p.anchors))
+        return parents, roots
+
+    def _emit_tracked(self, values: Sequence[Any], stream: str = DEFAULT_STREAM,
+                      anchors: Tuple | Sequence[Tuple] | None = None) -> None:
+        """Explicit anchors (or none): the emit is tracked when any anchor is."""
+        self.emitted += 1
+        parents, roots = self._anchored(anchors)
         emit = self._outbox.tracked.get(stream)
         if emit is None:
             raise self._outbox.unknown_stream(stream)
@@ -189,6 +249,29 @@ class BoltCollector:
             emit(values, roots, parents, parents[0].born, self._getrandbits)
         else:
             self._outbox.untracked[stream](values, 0.0)
+
+    def _emit_many_tracked(self, values_list: Sequence[Sequence[Any]], stream: str = DEFAULT_STREAM,
+                           anchors: Tuple | Sequence[Tuple] | None = None,
+                           anchor_each: Sequence[Tuple] | None = None) -> None:
+        """``emit`` of each values in one call (a batch bolt's emit): all anchored alike
+        (``anchors``), or each to its own parent (``anchor_each[i]`` for ``values_list[i]``)."""
+        if anchor_each is not None:
+            each = self._outbox.tracked_each.get(stream)
+            if each is None:
+                raise self._outbox.unknown_stream(stream)
+            if len(anchor_each) != len(values_list):
+                raise count_mismatch_error(self._outbox.component, values_list, anchor_each, "anchor_each tuples")
+            each(values_list, anchor_each, self._getrandbits)
+            self.emitted += len(values_list)
+            return
+        parents, roots = self._anchored(anchors)
+        if not roots:
+            return self._untracked_many(values_list, stream)
+        many = self._outbox.tracked_many.get(stream)
+        if many is None:
+            raise self._outbox.unknown_stream(stream)
+        many(values_list, roots, parents, parents[0].born, self._getrandbits)
+        self.emitted += len(values_list)
 
     def ack(self, tup: Tuple) -> None:
         if self.on_loop is not None:

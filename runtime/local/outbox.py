@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any, Callable, Sequence
 
 import msgpack
@@ -52,6 +53,13 @@ UntrackedEmit = Callable[[Sequence[Any], float], None]
 # emit(values, roots, parents, born, getrandbits) -> XOR of new edge ids, for tracked ones;
 # ``roots`` is any iterable of root ids (an anchors dict works: its keys are the roots).
 TrackedEmit = Callable[[Sequence[Any], Sequence[int], Sequence[Tuple] | None, float, Callable[[int], int]], int]
+# The same for a list of values in one call (``emit_many``): one tuple per values.
+UntrackedEmitMany = Callable[[Sequence[Sequence[Any]], float], None]
+TrackedEmitMany = Callable[[Sequence[Sequence[Any]], Sequence[int], Sequence[Tuple] | None, float,
+                            Callable[[int], int]], int]
+# ... and anchored one by one: emit_each(values_list, parents, getrandbits), parents[i] the
+# parent of values_list[i].
+TrackedEmitEach = Callable[[Sequence[Sequence[Any]], Sequence[Tuple], Callable[[int], int]], None]
 
 
 class Outbox:
@@ -76,9 +84,15 @@ class Outbox:
         self._pack = msgpack.Packer(autoreset=True).pack
         self.untracked: dict[str, UntrackedEmit] = {}
         self.tracked: dict[str, TrackedEmit] = {}
+        self.untracked_many: dict[str, UntrackedEmitMany] = {}
+        self.tracked_many: dict[str, TrackedEmitMany] = {}
+        self.tracked_each: dict[str, TrackedEmitEach] = {}
         for stream, routes in streams.items():
             self.untracked[stream] = self._make_untracked(stream, routes)
             self.tracked[stream] = self._make_tracked(stream, routes)
+            self.untracked_many[stream] = self._make_untracked_many(stream, routes)
+            self.tracked_many[stream] = self._make_tracked_many(stream, routes)
+            self.tracked_each[stream] = self._make_tracked_each(stream, routes)
 
     def _lane(self, target: int) -> Lane:
         lane = self.lanes.get(target)
@@ -205,6 +219,137 @@ class Outbox:
             return edges
 
         return emit_tracked
+
+    def _arity_check(self, stream: str, nfields: int) -> Callable[[Sequence[Sequence[Any]]], None]:
+        """For ``emit_many``: every values of a list has one value per field (one C-speed
+        pass over the lengths; the error names the first that has not)."""
+        arity_error = self.arity_error
+        ne = nfields.__ne__
+
+        def check(values_list: Sequence[Sequence[Any]]) -> None:
+            try:
+                if not any(map(ne, map(len, values_list))):
+                    return
+            except TypeError:
+                pass
+            for values in values_list:
+                if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(values) != nfields:
+                    raise arity_error(values, stream)
+
+        return check
+
+    def _single(self, stream: str, routes: StreamRoutes) -> tuple[list[Lane], Callable[[Sequence[Any]], int],
+                                                                  Origin, Callable[..., None]] | None:
+        """What an ``emit_many`` of a stream with one non-broadcast subscriber inlines (its
+        lanes, the router's ``select``, the origin, the arity check); None otherwise."""
+        plan = self._plan(routes)
+        if len(plan) != 1 or plan[0][0]:
+            return None
+        origin = Origin(routes.fields, stream, self.component, self.task_id)
+        return plan[0][1], plan[0][2], origin, self._arity_check(stream, len(routes.fields.names))
+
+    def _make_untracked_many(self, stream: str, routes: StreamRoutes) -> UntrackedEmitMany:
+        """``emit_many`` untracked: the tuples made by C code when one target takes them all."""
+        one_by_one = self.untracked[stream]
+        single = self._single(stream, routes)
+        if single is None:
+            def emit_many_general(values_list: Sequence[Sequence[Any]], born: float) -> None:
+                for values in values_list:
+                    one_by_one(values, born)
+
+            return emit_many_general
+        lanes, select, origin, check = single
+        ne = len(routes.fields.names).__ne__
+        outbox = self
+
+        def emit_many_routed(values_list: Sequence[Sequence[Any]], born: float) -> None:
+            try:
+                bad = any(map(ne, map(len, values_list)))
+            except TypeError:
+                bad = True
+            if bad:
+                check(values_list)
+            if len(lanes) == 1:     # map over zip: no Python loop per tuple
+                lanes[0].batch += map(WireTuple, zip(values_list, repeat(origin), repeat(None),
+                                                     repeat(born), repeat(None)))
+            else:
+                for v in values_list:
+                    lanes[select(v)].batch.append(WireTuple((v, origin, None, born, None)))
+            outbox.pending_count += len(values_list)
+
+        return emit_many_routed
+
+    def _make_tracked_many(self, stream: str, routes: StreamRoutes) -> TrackedEmitMany:
+        """``emit_many`` tracked: a fresh edge id per tuple, their XOR into the parents once."""
+        one_by_one = self.tracked[stream]
+        single = self._single(stream, routes)
+        if single is None:
+            def emit_many_general(values_list: Sequence[Sequence[Any]], roots: Sequence[int],
+                                  parents: Sequence[Tuple] | None, born: float,
+                                  getrandbits: Callable[[int], int]) -> int:
+                edges = 0
+                for values in values_list:
+                    edges ^= one_by_one(values, roots, parents, born, getrandbits)
+                return edges
+
+            return emit_many_general
+        lanes, select, origin, check = single
+        outbox = self
+        fromkeys = dict.fromkeys
+
+        def emit_many_routed(values_list: Sequence[Sequence[Any]], roots: Sequence[int],
+                             parents: Sequence[Tuple] | None, born: float,
+                             getrandbits: Callable[[int], int]) -> int:
+            check(values_list)
+            edges = 0
+            only = lanes[0].batch.append if len(lanes) == 1 else None
+            for v in values_list:
+                edge = getrandbits(64) or 1
+                edges ^= edge
+                (only or lanes[select(v)].batch.append)(WireTuple((v, origin, fromkeys(roots, edge), born, [0])))
+            outbox.pending_count += len(values_list)
+            if parents:
+                for p in parents:
+                    p.ackcell[0] ^= edges
+            return edges
+
+        return emit_many_routed
+
+    def _make_tracked_each(self, stream: str, routes: StreamRoutes) -> TrackedEmitEach:
+        """``emit_many`` with one parent per values (``anchor_each``): each tuple gets a fresh
+        edge id under its own parent's roots; a values whose parent is untracked goes untracked."""
+        tracked, untracked = self.tracked[stream], self.untracked[stream]
+        single = self._single(stream, routes)
+        if single is None:
+            def emit_each_general(values_list: Sequence[Sequence[Any]], parents: Sequence[Tuple],
+                                  getrandbits: Callable[[int], int]) -> None:
+                for values, p in zip(values_list, parents):
+                    if p.anchors:
+                        tracked(values, p.anchors, (p,), p.born, getrandbits)
+                    else:
+                        untracked(values, 0.0)
+
+            return emit_each_general
+        lanes, select, origin, check = single
+        outbox = self
+        fromkeys = dict.fromkeys
+
+        def emit_each_routed(values_list: Sequence[Sequence[Any]], parents: Sequence[Tuple],
+                             getrandbits: Callable[[int], int]) -> None:
+            check(values_list)
+            only = lanes[0].batch.append if len(lanes) == 1 else None
+            for v, p in zip(values_list, parents):
+                roots = p.anchors
+                if roots:
+                    edge = getrandbits(64) or 1
+                    p.ackcell[0] ^= edge
+                    t = WireTuple((v, origin, fromkeys(roots, edge), p.born, [0]))
+                else:
+                    t = WireTuple((v, origin, None, 0.0, None))
+                (only or lanes[select(v)].batch.append)(t)
+            outbox.pending_count += len(values_list)
+
+        return emit_each_routed
 
     def due(self) -> bool:
         """Whether pending batches should go now: a full batch, or the interval has passed."""

@@ -555,14 +555,46 @@ class BoltTask(_TaskBase):
         if self.auto_ack:
             self.stats.acked += n - (self.stats.failed - failed)
 
+    async def _execute_whole(self, batch: list[Tuple]) -> None:
+        """A bolt with ``execute_batch``: one call for the whole batch, which is acked
+        (``auto_ack``) or failed as a whole; the execute latency observed is the call's
+        time per tuple."""
+        t0 = time.perf_counter()
+        try:
+            self.bolt.execute_batch(batch)
+        except EmitError:
+            raise
+        except Exception as exc:
+            reason = f"{self.component}:{self.task_id} execute_batch raised {type(exc).__name__}: {exc}"
+            self.failures.record("execute_batch failed a batch", exc)
+            for tup in batch:
+                self.collector.fail(tup, reason)
+            return
+        self.stats.execute_latency.observe((time.perf_counter() - t0) / len(batch))
+        if self.auto_ack:
+            if self.acker is not None:
+                self.acker.ack_batch(batch)
+            self.stats.acked += len(batch)
+
+    def _batch_runner(self) -> Callable[[list[Tuple]], Any]:
+        """How this bolt executes a batch: whole (``execute_batch``), the untracked fast
+        loop, or tuple by tuple with acking, cancellation and threads."""
+        if type(self.bolt).batched():
+            if self.blocking or inspect.iscoroutinefunction(self.bolt.execute_batch):
+                raise ComponentError(f"bolt {self.component!r}: execute_batch must be a plain function "
+                                     f"(an async or blocking bolt executes tuple by tuple)")
+            return self._execute_whole
+        if not self._is_async and not self.blocking and self.acker is None:
+            return self._execute_batch_fast
+        return self._execute_batch
+
     async def run(self) -> None:
         bolt, collector, stats, queue = self.bolt, self.collector, self.stats, self.queue
         self._start_meters()
         self._runner_task = asyncio.current_task()
         self._loop = asyncio.get_running_loop()
         self._loop_ident = threading.get_ident()
-        run_batch = (self._execute_batch_fast if not self._is_async and not self.blocking and self.acker is None
-                     else self._execute_batch)
+        run_batch = self._batch_runner()
         flow_poll = self.flow_poll
         while True:
             item = queue.get_nowait()

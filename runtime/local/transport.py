@@ -18,7 +18,7 @@ keeps its promises:
   and applied by the owner's acker, where the XOR ledger is.
 
 Frames are msgpack arrays, 4-byte length prefixed, bounded by ``MAX_FRAME``:
-``["B", target, nbytes, tuples]``, ``["C", target, nbytes]`` (credit),
+``["B", target, nbytes, groups]`` (a batch by columns: ``TupleCodec``), ``["C", target, nbytes]`` (credit),
 ``["A", [[root, xor], ...]]``, ``["F", [[root, reason], ...]]``. Counters of frames
 sent and received let the supervisor tell when nothing is in flight anywhere.
 """
@@ -28,6 +28,8 @@ import asyncio
 import logging
 import struct
 from collections import deque
+from itertools import repeat
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, Callable
 
@@ -176,7 +178,13 @@ async def read_frame(reader: asyncio.StreamReader) -> list[Any] | None:
 
 
 class TupleCodec:
-    """WireTuples <-> plain lists for the wire; origins are rebuilt from the topology."""
+    """WireTuples <-> plain lists for the wire; origins are rebuilt from the topology.
+
+    A batch travels by columns, one group per run of tuples from the same origin (a lane
+    holds one sending task's tuples, so usually one group): ``[component, stream, task,
+    values, anchors, borns]``, with ``anchors`` and ``borns`` None when no tuple of the
+    group is tracked. Both ways are C-level maps over the batch, no Python loop per tuple
+    (an untracked one's ``born`` is 0.0, as its emit made it)."""
 
     def __init__(self, streams: dict[str, dict[str, tuple[str, ...]]]) -> None:
         self._fields = {(c, s): FieldIndex.of(f) for c, outs in streams.items() for s, f in outs.items()}
@@ -184,19 +192,40 @@ class TupleCodec:
 
     @staticmethod
     def encode(batch: list[Any]) -> list[Any]:
-        return [[list(t.values), t.origin.component, t.origin.stream, t.origin.task,
-                 t.anchors, t.born] for t in batch]
+        origins = list(map(_origin, batch))
+        if len(set(map(id, origins))) == 1:
+            runs = [(origins[0], batch)]
+        else:
+            runs, start = [], 0
+            for i in range(1, len(batch) + 1):
+                if i == len(batch) or origins[i] is not origins[start]:
+                    runs.append((origins[start], batch[start:i]))
+                    start = i
+        groups = []
+        for o, part in runs:
+            anchors = list(map(_anchors, part))
+            tracked = any(anchors)
+            groups.append([o.component, o.stream, o.task, list(map(_values, part)),
+                           anchors if tracked else None, list(map(_born, part)) if tracked else None])
+        return groups
 
-    def decode(self, rows: list[Any]) -> list[Any]:
-        out = []
+    def decode(self, groups: list[Any]) -> list[Any]:
+        out: list[Any] = []
         origins = self._origins
-        for values, comp, stream, task, anchors, born in rows:
+        for comp, stream, task, values, anchors, borns in groups:
             key = (comp, stream, task)
             origin = origins.get(key)
             if origin is None:
                 origin = origins[key] = Origin(self._fields[(comp, stream)], stream, comp, task)
-            out.append(WireTuple((values, origin, anchors, born, [0] if anchors else None)))
+            if anchors is None:
+                out += map(WireTuple, zip(values, repeat(origin), repeat(None), repeat(0.0), repeat(None)))
+            else:
+                cells = [[0] if a else None for a in anchors]
+                out += map(WireTuple, zip(values, repeat(origin), anchors, borns, cells))
         return out
+
+
+_origin, _anchors, _values, _born = (attrgetter(a) for a in ("origin", "anchors", "values", "born"))
 
 
 class AckForwarder:

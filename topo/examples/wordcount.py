@@ -85,13 +85,14 @@ class SentenceSpout(OffsetSpout):
 
     Runs unchanged on both engines. On the local engine task ``k`` of ``n`` emits the
     sentences ``i = k, k + n, k + 2n, ...`` (partition ``k`` of an ``n``-partition
-    ``SentenceSource``) with ``msg_id = i``; on Spark the engine reads the one-partition
+    ``SentenceSource``) with ``msg_id = i``, ``batch`` of them per ``next_tuple`` (with
+    more than one, in one ``emit_many``: a source that reads in batches); on Spark the engine reads the one-partition
     source by offset (offset = sentence index) and pre-shards it over the cores.
     """
 
     def __init__(self, sentences: Sequence[str] = DEFAULT_SENTENCES, repeat: int = 1000,
-                 path: str | None = None, shuffle_seed: int | None = None) -> None:
-        super().__init__(columns=SentenceSource.columns, fields=None, batch=256)
+                 path: str | None = None, shuffle_seed: int | None = None, batch: int = 1) -> None:
+        super().__init__(columns=SentenceSource.columns, fields=None, batch=batch)
         self.sentences = list(Path(path).read_text(encoding="utf-8").splitlines() if path else sentences)
         if shuffle_seed is not None:
             random.Random(shuffle_seed).shuffle(self.sentences)
@@ -115,9 +116,17 @@ class SentenceSpout(OffsetSpout):
         offset = self.seq
         if offset >= self._end:
             raise EndOfStream
-        i = offset * self.context.parallelism + self.context.task_index
-        self.collector.emit([self._source.sentence(i)], msg_id=i)
-        self.seq += 1
+        p, k = self.context.parallelism, self.context.task_index
+        if self.batch == 1:
+            i = offset * p + k
+            self.collector.emit([self._source.sentence(i)], msg_id=i)
+            self.seq += 1
+            return
+        end = min(self._end, offset + self.batch)
+        ids = range(offset * p + k, end * p + k, p)
+        sentence = self._source.sentence
+        self.collector.emit_many([[sentence(i)] for i in ids], msg_ids=ids)
+        self.seq = end
 
     def snapshot_state(self) -> dict[str, int]:
         return {"seq": self.seq}      # the next offset of this task's partition
@@ -132,6 +141,21 @@ class SplitBolt(Bolt):
     def execute(self, tup: Tuple) -> None:
         for word in _WORD.findall(tup[0].lower()):
             self.collector.emit([word])
+
+
+class BatchSplitBolt(SplitBolt):
+    """``SplitBolt`` a batch at a time: the words of all its sentences in one ``emit_many``,
+    each word anchored to its sentence."""
+
+    def execute_batch(self, tuples: Sequence[Tuple]) -> None:
+        findall = _WORD.findall
+        words: list[str] = []
+        parents: list[Tuple] = []
+        for tup in tuples:
+            ws = findall(tup.values[0].lower())
+            words += ws
+            parents += [tup] * len(ws)
+        self.collector.emit_many(list(zip(words)), anchor_each=parents)   # [(word,), ...]
 
 
 class CountBolt(Bolt):
@@ -152,6 +176,36 @@ class CountBolt(Bolt):
 
     def restore_state(self, state: dict[str, int]) -> None:
         self.counts = Counter(state)
+
+
+class FinalCountBolt(Bolt):
+    """Count per word, emitted once per word when the input ends (``end_of_input``; Bytewax's
+    ``count_final``): for a bounded input, where the running counts are not wanted."""
+
+    outputs = ["word", "count"]
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+
+    def execute(self, tup: Tuple) -> None:
+        self.counts[tup.values[0]] += 1
+
+    def end_of_input(self) -> None:
+        for word, n in self.counts.items():
+            self.collector.emit([word, n])
+
+    def snapshot_state(self) -> dict[str, int]:
+        return dict(self.counts)
+
+    def restore_state(self, state: dict[str, int]) -> None:
+        self.counts = Counter(state)
+
+
+class BatchFinalCountBolt(FinalCountBolt):
+    """``FinalCountBolt`` a batch at a time: one ``Counter.update`` per batch."""
+
+    def execute_batch(self, tuples: Sequence[Tuple]) -> None:
+        self.counts.update([t.values[0] for t in tuples])
 
 
 def expected_counts(sentences: Sequence[str] = DEFAULT_SENTENCES, repeat: int = 1000) -> Counter[str]:

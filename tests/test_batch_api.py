@@ -1,0 +1,191 @@
+"""The batch API: ``Bolt.execute_batch`` and the collectors' ``emit_many`` keep every guarantee
+of the per-tuple API (routing, acking trees, replay of failures, one-line emit errors)."""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Sequence
+
+import pytest
+
+from topo.api import Bolt, EmitError, EndOfStream, Spout, Tuple
+from topo.examples.wordcount import (BatchFinalCountBolt, BatchSplitBolt, SentenceSpout,
+                                     expected_counts)
+from topo.testing import BoltHarness
+from topo.topology import TopologyBuilder
+from runtime.local.engine import run
+
+NO_BP = {"backpressure.policy": "none"}
+
+
+class Numbers(Spout):
+    """Emits 0..total-1 in chunks through ``emit_many`` (tracked by the number), then ends;
+    records what was acked and failed."""
+
+    outputs = ["n"]
+
+    def __init__(self, total: int, per_call: int = 50) -> None:
+        self.total, self.per_call, self.i = total, per_call, 0
+        self.acked: list[int] = []
+        self.failed: list[int] = []
+
+    def next_tuple(self) -> None:
+        if self.i >= self.total:
+            raise EndOfStream
+        ids = list(range(self.i, min(self.total, self.i + self.per_call)))
+        self.collector.emit_many([[n] for n in ids], msg_ids=ids)
+        self.i += len(ids)
+
+    def ack(self, msg_id: Any) -> None:
+        self.acked.append(msg_id)
+
+    def fail(self, msg_id: Any) -> None:
+        self.failed.append(msg_id)
+
+
+class Counts(BatchFinalCountBolt):
+    """The example's batch count, its counts kept where the test reads them."""
+
+    def __init__(self, registry: list[Counter[str]]) -> None:
+        super().__init__()
+        self.registry = registry
+
+    def prepare(self, context: Any, collector: Any) -> None:
+        super().prepare(context, collector)
+        self.registry.append(self.counts)
+
+    def __deepcopy__(self, memo: dict) -> "Counts":
+        return Counts(self.registry)
+
+
+@pytest.mark.parametrize("acking", [False, True])
+def test_batch_word_count_is_exact_across_tasks(acking: bool) -> None:
+    registry: list[Counter[str]] = []
+    b = TopologyBuilder("wc-batch", {"acking": acking, **NO_BP})
+    b.spout("sentences", SentenceSpout(repeat=300, batch=64), 2)
+    b.bolt("split", BatchSplitBolt(), 2).shuffle("sentences")
+    b.bolt("count", Counts(registry), 3).fields("split", "word")
+    res = run(b.build())
+    total: Counter[str] = Counter()
+    for c in registry:
+        total.update(c)
+    assert total == expected_counts(repeat=300)
+    assert len(registry) == 3 and all(registry)           # fields routing spread the words
+    assert not set.intersection(*(set(c) for c in registry))   # ... each word to one task
+    if acking:
+        assert res.component_totals()["sentences"]["acked"] == 1500
+
+
+class BatchFanout(Bolt):
+    """Three children per input, all emitted in one ``emit_many`` anchored each to its input."""
+
+    outputs = ["n"]
+
+    def execute_batch(self, tuples: Sequence[Tuple]) -> None:
+        values, parents = [], []
+        for t in tuples:
+            for i in range(3):
+                values.append([t.values[0] * 10 + i])
+                parents.append(t)
+        self.collector.emit_many(values, anchor_each=parents)
+
+
+class FailOnce(Bolt):
+    def __init__(self, bad: int) -> None:
+        self.bad, self.failed_once = bad, False
+
+    def execute(self, tup: Tuple) -> None:
+        if tup.values[0] == self.bad and not self.failed_once:
+            self.failed_once = True
+            raise RuntimeError("grandchild failed")
+
+
+def test_anchor_each_fails_only_the_tree_of_the_failed_child() -> None:
+    spout = Numbers(40)
+    b = TopologyBuilder("tree", {"acking": True, **NO_BP})
+    b.spout("nums", lambda: spout)
+    b.bolt("fan", BatchFanout()).shuffle("nums")
+    b.bolt("leaf", FailOnce(bad=172)).shuffle("fan")     # a grandchild of root 17
+    run(b.build())
+    assert spout.failed == [17]
+    assert sorted(spout.acked) == list(range(40))
+
+
+class FailFirstBatch(Bolt):
+    """Raises on the first batch it is given; records every number it executed."""
+
+    def __init__(self, seen: Counter[int]) -> None:
+        self.seen, self.raised = seen, False
+
+    def execute_batch(self, tuples: Sequence[Tuple]) -> None:
+        if not self.raised:
+            self.raised = True
+            self.first = [t.values[0] for t in tuples]
+            raise ValueError("bad batch")
+        self.seen.update(t.values[0] for t in tuples)
+
+    def __deepcopy__(self, memo: dict) -> "FailFirstBatch":
+        return FailFirstBatch(self.seen)
+
+
+def test_a_raising_execute_batch_fails_its_whole_batch_and_it_is_replayed() -> None:
+    seen: Counter[int] = Counter()
+    spout = Numbers(500)
+    b = TopologyBuilder("batch-fail", {"acking": True, **NO_BP})
+    b.spout("nums", lambda: spout)
+    b.bolt("bad", FailFirstBatch(seen)).shuffle("nums")
+    res = run(b.build())
+    assert sorted(spout.failed) and len(spout.failed) == len(set(spout.failed))
+    assert sorted(spout.acked) == list(range(500))
+    assert seen == Counter(range(500))       # every number executed once it was replayed
+    assert res.component_totals()["bad"]["failed"] == len(spout.failed)
+
+
+class EmitsWrong(Bolt):
+    outputs = ["a", "b"]
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+
+    def execute_batch(self, tuples: Sequence[Tuple]) -> None:
+        if self.how == "arity":
+            self.collector.emit_many([[1, 2], [3]])
+        elif self.how == "stream":
+            self.collector.emit_many([[1, 2]], "nope")
+        else:
+            self.collector.emit_many([[1, 2], [3, 4]], anchor_each=list(tuples[:1]))
+
+
+@pytest.mark.parametrize("how, words", [("arity", ["emitted 1 values", "'b'"]),
+                                        ("stream", ["'nope'", "does not declare"]),
+                                        ("each", ["2 values and 1 anchor_each"])])
+@pytest.mark.parametrize("acking", [False, True])
+def test_emit_many_mistakes_stop_the_run_with_one_line_naming_the_component(how: str, words: list[str],
+                                                                            acking: bool) -> None:
+    b = TopologyBuilder("wrong", {"acking": acking, **NO_BP})
+    b.spout("nums", lambda: Numbers(10))
+    b.bolt("wrong", EmitsWrong(how)).shuffle("nums")
+    b.bolt("sink", FailOnce(bad=-1)).shuffle("wrong")
+    with pytest.raises(EmitError) as e:
+        run(b.build())
+    msg = str(e.value)
+    assert "'wrong'" in msg and "\n" not in msg and all(w in msg for w in words)
+
+
+def test_spout_emit_many_with_mismatched_msg_ids_is_an_emit_error() -> None:
+    class Mismatched(Numbers):
+        def next_tuple(self) -> None:
+            self.collector.emit_many([[1], [2]], msg_ids=[1])
+
+    b = TopologyBuilder("mismatch", {"acking": True, **NO_BP})
+    b.spout("nums", lambda: Mismatched(10))
+    b.bolt("sink", FailOnce(bad=-1)).shuffle("nums")
+    with pytest.raises(EmitError, match="'nums' called emit_many with 2 values and 1 msg_ids"):
+        run(b.build())
+
+
+def test_the_harness_runs_a_batch_bolt_one_tuple_at_a_time() -> None:
+    h = BoltHarness(BatchSplitBolt(), ["sentence"])
+    out = h.feed(["The cow"])
+    assert [list(e.values) for e in out] == [["the"], ["cow"]]
+    assert [e.anchors for e in out] == [(h.fed[0],), (h.fed[0],)]
+    assert h.acked == h.fed
