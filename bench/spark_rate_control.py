@@ -190,7 +190,8 @@ def run_controller(spark: Any, name: str, scenario: str, per_period: int, rounds
     offered = Bursty(per_period).count_at(result.elapsed)
     run = {"batches": [b.as_dict() for b in result.batches], "kept": kept, "elapsed_s": result.elapsed,
            "rows": result.input_rows, "offered": offered, "window_s": max(result.elapsed - warmup, 1e-9),
-           "backlog_rows": max(0, offered - result.input_rows), "first_submit": first}
+           "backlog_rows": max(0, offered - result.input_rows), "first_submit": first,
+           "interval_s": interval_ms / 1000.0}
     if scenario == "capacity_drop":
         after = [b for b in kept if b.start >= drop_at]
         last_end = max((b.end for b in result.batches), default=drop_at)
@@ -236,6 +237,11 @@ def aggregate(runs: list[dict[str, Any]], part: str = "kept", window: str = "win
         for key, ms in b.duration_ms.items():
             parts.setdefault(key, []).append(ms)
     out["trigger_time_mean_ms"] = {k: statistics.fmean(v) for k, v in sorted(parts.items())}
+    # Why batches wait: a batch that ends past the next boundary delays the next one.
+    procs = [b.processing_time for b in kept]
+    out["processing_time_sd_ms"] = 1000 * statistics.pstdev(procs) if procs else 0.0
+    out["batches_past_next_boundary"] = sum(
+        1 for r in runs for b in r[part] if b.scheduling_delay + b.processing_time > r.get("interval_s", 1.0))
     per_run = [summarize(r[part], r[window])["scheduling_delay_mean_ms"] for r in runs]
     out["per_run_scheduling_delay_mean_ms"] = per_run
     out["repeats"] = len(runs)
@@ -465,13 +471,15 @@ def table(out: dict[str, Any]) -> str:
         parts = [("summary", "after the warm-up")] + ([("after_drop", "after the drop")] if "after_drop" in data else [])
         for part, what in parts:
             lines += ["", f"`{scenario}`, batches {what}:", "",
-                      "| controller | mean scheduling delay (ms) | ci95 (ms) | p95 (ms) | throughput (rows/s) | repeats |",
-                      "|---|---|---|---|---|---|"]
+                      "| controller | mean scheduling delay (ms) | ci95 (ms) | p95 (ms) | throughput (rows/s) | "
+                      "batches / past the next boundary | processing time mean / sd (ms) | repeats |",
+                      "|---|---|---|---|---|---|---|---|"]
             for name, s in data[part].items():
                 half = s["scheduling_delay_ci95_ms"]
                 lines.append(f"| {name} | {s['scheduling_delay_mean_ms']:.1f} | "
                              f"{'-' if half is None else f'{half:.1f}'} | {s['scheduling_delay_p95_ms']:.0f} | "
-                             f"{s['throughput_rows_per_s']:,.0f} | {s['repeats']} |")
+                             f"{s['throughput_rows_per_s']:,.0f} | {s['batches']} / {s['batches_past_next_boundary']} | "
+                             f"{s['processing_time_mean_ms']:.0f} / {s['processing_time_sd_ms']:.0f} | {s['repeats']} |")
     lines += ["", "| goal | measured | |", "|---|---|---|"]
     for goal, g in out["goals"].items():
         r = g["ratio"]

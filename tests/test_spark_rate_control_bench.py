@@ -59,6 +59,13 @@ def test_aggregate_says_where_the_triggers_time_went():
         "walCommit": statistics.fmean(50 + t for t in starts)})
 
 
+def test_aggregate_counts_the_batches_that_ended_past_the_next_boundary():
+    # proc 0.8 s: a batch delayed by more than 0.2 s ends past the next boundary
+    s = bench.aggregate([run([0, 150, 250]), run([300])])
+    assert s["batches_past_next_boundary"] == 2
+    assert s["processing_time_sd_ms"] == pytest.approx(0.0)
+
+
 def test_the_stop_rule_names_every_pair_whose_ci95_is_not_under_the_target():
     tight = bench.aggregate([run([100]), run([102]), run([98])])
     loose = bench.aggregate([run([10]), run([100]), run([50])])
