@@ -233,6 +233,51 @@ async def test_fields_grouping_key_groups_move_with_their_keyed_state() -> None:
     assert peak[0] <= engine.config["queue.hard_bound"]
 
 
+class Emitting(Count):
+    """Count that passes each word on, for a stage downstream of the rescaled component."""
+
+    def process(self, tup: Tuple, state: dict[str, Any]) -> None:
+        state["n"] = state.get("n", 0) + 1
+        self.collector.emit([tup["word"], state["n"]])
+
+
+class Slow(Bolt):
+    """A stage downstream of the counts, slower than them: its queue stays full."""
+
+    async def execute(self, tup: Tuple) -> None:
+        await asyncio.sleep(0.0005)
+
+
+async def test_a_keyed_rescale_waits_for_its_component_not_for_a_slow_stage_after_it() -> None:
+    """The spouts hold only until nothing routed by the old key owners is on its way to the
+    rescaled component; the slow sink after it keeps its backlog through the move."""
+    n = 15_000
+    b = TopologyBuilder("scale-keyed-upstream")
+    b.spout("src", Words(n))
+    b.bolt("count", Emitting(), parallelism=2).fields("src", "word")
+    b.bolt("slow", Slow()).shuffle("count")
+    engine = LocalEngine(b.build(), adaptive(acking=True))
+    run = asyncio.create_task(engine.run())
+    slow = next(t for t in engine.bolt_tasks if t.component == "slow")
+    await until(lambda: slow.queue.count > 500, 20, what="a backlog at the slow sink")
+    backlog: list[int] = []
+    move = engine._move_keys
+
+    def moving(component: str, tasks: Any) -> None:      # what the slow sink holds as the keys move
+        backlog.append(slow.queue.count)
+        move(component, tasks)
+
+    engine._move_keys = moving  # type: ignore[method-assign]
+    assert await engine.add_task("count") is not None
+    assert await engine.remove_task("count") is not None
+    result = await asyncio.wait_for(run, 90)
+    totals, _ = keyed_totals(engine, "count")
+    assert totals == truth(n), "a count is off: keyed state did not move with its key group"
+    assert result.component_totals()["src"]["acked"] == n
+    assert len(backlog) == 2 and min(backlog) > 0, backlog     # the sink was not drained for the moves
+    print(f"slow sink held {backlog} tuples as the keys moved; pauses {[r[3] for r in engine.rescales]} ms")
+
+
 def test_fields_grouping_into_a_bolt_without_keyed_state_is_refused_in_one_line() -> None:
     seen = Seen()
     b = TopologyBuilder("scale-refused")

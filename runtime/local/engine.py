@@ -231,9 +231,11 @@ class LocalEngine:
     # global groupings nothing needs to stop: the upstreams' routers take the new task
     # at once, or stop routing to the leaving one, whose queue then drains before it
     # stops. A component fed by fields grouping routes by key groups whose keyed state
-    # (KeyedBolt) must move with them, so there the whole topology pauses at a drained
-    # point (spouts hold, every queue and outbox empty), the groups and their state move
-    # in one synchronous step, and the spouts go on: exact, at the cost of one drain.
+    # (KeyedBolt) must move with them, so there the spouts hold until nothing routed by
+    # the old owners is left on its way to that component (its queues and the lanes into
+    # it empty, its tasks idle; queues upstream of it and everything downstream keep their
+    # work), the groups and their state move in one synchronous step, and the spouts go
+    # on: exact, at the cost of draining that component (bench/rescale_pause.py).
 
     def _scalable_components(self) -> frozenset[str]:
         """Bolts a flow control with a ``scaler`` may grow (one process only)."""
@@ -278,7 +280,7 @@ class LocalEngine:
         async with self._rescaling:
             keyed = component in self.key_owners
             self._drained_ms = 0.0
-            if keyed and not await self._pause_drained():
+            if keyed and not await self._pause_drained(component):
                 return None
             try:
                 task = self._start_task(component)
@@ -329,7 +331,7 @@ class LocalEngine:
             task = next(b for b in self.bolt_tasks if b.task_id == victim)
             keyed = component in self.key_owners
             if keyed:
-                if not await self._pause_drained():
+                if not await self._pause_drained(component):
                     return None
                 try:
                     ids.remove(victim)
@@ -434,11 +436,30 @@ class LocalEngine:
             last = mark
         return False
 
-    async def _pause_drained(self) -> bool:
-        """Spouts hold at their next call boundary until everything in flight is processed."""
+    def _keys_still(self, component: str) -> tuple[int, int] | None:
+        """None while a tuple routed by the old key owners can still reach ``component``: in
+        a lane towards one of its tasks, in one of its queues, or in its ``execute``; else its
+        executed count. Queues upstream of it and everything downstream may hold work:
+        what upstreams emit later is routed by the new owners."""
+        mine = [b for b in self.bolt_tasks if b.component == component]
+        ids = {b.task_id for b in mine}
+        for t in self.tasks:
+            lanes = t.outbox.lanes
+            for tid in ids:
+                lane = lanes.get(tid)
+                if lane is not None and lane.batch:
+                    return None
+        for b in mine:
+            if b.queue.count or not b.waiting:
+                return None
+        return sum(b.stats.executed for b in mine), 0
+
+    async def _pause_drained(self, component: str) -> bool:
+        """Spouts hold at their next call boundary until nothing routed by the old key owners
+        is left on its way to ``component`` (``_keys_still``)."""
         self.run_state.paused = True
         t0 = time.monotonic()
-        if await self._settle(self._motion):
+        if await self._settle(functools.partial(self._keys_still, component)):
             self._drained_ms = (time.monotonic() - t0) * 1000
             return True
         self._resume()
