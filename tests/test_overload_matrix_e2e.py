@@ -13,7 +13,10 @@ ZooKeeper: the overload is made to happen, then lifted, and the test asserts
 * (f) the first task stepped is the slow bolt's *direct* upstream, the relay.
 
 (d) and (e) run once more with ``backpressure.flat_queue_holds`` and
-``backpressure.release_window_ms`` (the matrix's ``stepwise+flat``).
+``backpressure.release_window_ms`` (the matrix's ``stepwise+flat``), and (b), (c), (e)
+and (f) with the settings of the matrix's ``stepwise+search`` (``bracket_search``);
+there ``originv`` may have been raised once (a source overloading again as soon as it
+was let go), and the return is to the ``originv`` in force.
 
 Nothing here asserts on wall time; the waits only bound a hang.
 """
@@ -99,15 +102,18 @@ def _g(box: Ctl, tracked: bool) -> Topology:
 
 BUILD = {"a": _a, "b": _b, "c": _c, "d": _d, "e": _e, "f": _f, "g": _g}
 # Settings beyond the document, as the matrix's stepwise+flat row runs them (scenarios d and e).
-FLAT = {"backpressure.flat_queue_holds": True, "backpressure.release_window_ms": 50}
+SETTINGS = {"": {}, "flat": {"backpressure.flat_queue_holds": True, "backpressure.release_window_ms": 50},
+            # the matrix's stepwise+search row
+            "search": {"backpressure.fine_steps": 16, "backpressure.bracket_search": True,
+                       "backpressure.release_window_ms": 50, "backpressure.queue_smoothing_ms": 50}}
 CASES = [(k, False, "") for k in BUILD] + [("a", True, ""), ("b", True, ""), ("d", False, "flat"),
-                                           ("e", False, "flat")]
+                                           ("e", False, "flat")] + [(k, False, "search") for k in "bcef"]
 
 
 def _config(acking: bool, settings: str = "") -> Any:
     return resolve({"queue.high_mark": "32KB", "queue.low_mark": "8KB", "queue.hard_bound": "64KB",
                     "backpressure.sensitivity_ms": 100, "backpressure.step": 0.5,
-                    "drain_timeout_s": 60, "acking": acking, **(FLAT if settings == "flat" else {})})
+                    "drain_timeout_s": 60, "acking": acking, **SETTINGS[settings]})
 
 
 @pytest.mark.parametrize(("key", "acking", "settings"), CASES,
