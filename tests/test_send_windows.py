@@ -174,3 +174,88 @@ async def test_w4_a_failed_tuple_shrinks_its_window_and_its_replay_goes_to_the_o
     rig.now = 0.35
     rig.outcome(replay, True)
     assert rig.flow.acks[SPOUT].point == 1
+
+
+# --- the resume position (W5 for restarts): runtime/local/ack_points.py -------------------
+class Source:
+    """A spout's pending dict and state, as ``SpoutTask`` keeps them: (msg_id, values,
+    stream, retries, born) per root, in emission order, ``born`` ascending."""
+
+    def __init__(self) -> None:
+        self.pending: dict[int, tuple] = {}
+        self.offset = 0
+        self.born = 0.0
+        self.stopping = False
+        self.kept: list[tuple[int, Any]] = []
+
+    def emit(self, *msg_ids: Any, retries: int = 0) -> list[int]:
+        roots = []
+        for m in msg_ids:
+            self.born += 1.0
+            root = 1000 + len(self.pending) + int(self.born)
+            self.pending[root] = (m, [m], "default", retries, self.born)
+            roots.append(root)
+            if not retries:
+                self.offset += 1
+        return roots
+
+    def point(self) -> Any:
+        from runtime.local.ack_points import AckPoint
+        return AckPoint(lambda: {"offset": self.offset}, lambda p, s: self.kept.append((p, s)),
+                        lambda: self.stopping)
+
+
+def test_the_resume_position_is_the_state_after_the_longest_fully_acked_prefix_of_emissions() -> None:
+    src = Source()
+    ap = src.point()
+    r1 = src.emit("a", "b")
+    ap.scan(src.pending)                       # chunk 1: a, b (offset 2)
+    r2 = src.emit("c")
+    ap.scan(src.pending)                       # chunk 2: c (offset 3)
+    ap.scan(src.pending)                       # nothing new: no chunk
+    ap.on_outcome(r2[0], True, "c", False)     # chunk 2 done, chunk 1 not: the point stays at 0
+    ap.on_outcome(r1[0], True, "a", False)
+    assert src.kept == [] and ap.ack.point == 0
+    ap.on_outcome(r1[1], True, "b", False)     # chunk 1 done: the point passes 1 and 2 at once
+    assert src.kept == [(2, {"offset": 3})] and ap.states == {}
+
+
+def test_a_replayed_tuple_keeps_its_chunk_open_until_the_replay_is_acked() -> None:
+    src = Source()
+    ap = src.point()
+    (r,) = src.emit("a")
+    ap.scan(src.pending)
+    ap.on_outcome(r, False, "a", True)         # failed, sent again: chunk 1 waits for the replay
+    (again,) = src.emit("a", retries=1)
+    ap.scan(src.pending)                       # a replay makes no chunk of its own
+    assert ap.chunks == 1 and src.kept == []
+    ap.on_outcome(again, False, "a", True)     # the replay failed too, and goes again
+    assert src.kept == []
+    (third,) = src.emit("a", retries=2)
+    ap.on_outcome(third, True, "a", False)
+    assert src.kept == [(1, {"offset": 1})]
+
+
+def test_a_dead_letter_passes_the_point_but_a_tuple_failed_back_at_stop_holds_it() -> None:
+    src = Source()
+    ap = src.point()
+    r1 = src.emit("a")
+    ap.scan(src.pending)
+    r2 = src.emit("b")
+    ap.scan(src.pending)
+    ap.on_outcome(r1[0], False, "a", False)    # out of retries: dead-lettered, not lost
+    assert src.kept == [(1, {"offset": 1})]
+    src.stopping = True
+    ap.on_outcome(r2[0], False, "b", False)    # failed back to the source at stop: resend it
+    assert src.kept == [(1, {"offset": 1})]
+
+
+def test_an_unhashable_msg_id_that_is_replayed_keeps_its_chunk_open() -> None:
+    src = Source()
+    ap = src.point()
+    (r,) = src.emit(["unhashable"])
+    ap.scan(src.pending)
+    ap.on_outcome(r, False, ["unhashable"], True)
+    (again,) = src.emit(["unhashable"], retries=1)
+    ap.on_outcome(again, True, ["unhashable"], False)
+    assert src.kept == [] and ap.open == {1: 1}   # never ahead of what was delivered
