@@ -127,7 +127,7 @@ def fit_overhead(batches: Sequence[Any]) -> tuple[float, float]:
 CALIBRATION_SIZES = (8_000, 40_000)   # rows per batch of the two calibration runs
 
 
-def calibrate(spark: Any, rounds: int, partitions: int, interval_ms: float, seconds: float = 15.0,
+def calibrate(spark: Any, rounds: int, partitions: int, interval_ms: float, seconds: float = 20.0,
               sizes: Sequence[int] = CALIBRATION_SIZES, min_batches: int = 3,
               attempts: int = 3) -> tuple[float, float, float]:
     """The rate (rows/s) this machine sustains with batches of one interval, with the
