@@ -93,9 +93,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "stepwise+all": {"backpressure.fine_steps": 8, "backpressure.originv_hold_ms": 10_000,
                      "backpressure.queue_smoothing_ms": 50, "backpressure.flat_queue_holds": True,
                      "backpressure.release_window_ms": 50},
+    # The combination docs/flow-control.md names for the goals of the matrix.
     "stepwise+search": {"backpressure.fine_steps": 16, "backpressure.bracket_search": True,
                         "backpressure.release_window_ms": 50, "backpressure.queue_smoothing_ms": 50},
 }
+# Run --repeat times (the others once): the reference, the document's default and the named combination.
+REPEATED = ("none", "stepwise", "stepwise+search")
 SAMPLE_S = 0.05
 BIN_S = 0.25
 PAD = "x" * 100
@@ -359,7 +362,7 @@ def measure(keys: str, warmup: float, repeat: int, policies: tuple[str, ...]) ->
         for acking in (False, True):
             base: float | None = None
             for policy in policies:
-                n = repeat if policy in ("none", "stepwise") else 1
+                n = repeat if policy in REPEATED else 1
                 runs = []
                 try:
                     for _ in range(n):
@@ -498,7 +501,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench policy_comparison")
     ap.add_argument("--scenarios", default="abcdefg", help="which scenarios (letters)")
     ap.add_argument("--warmup", type=float, default=1.5, help="seconds left out of the rates and latencies")
-    ap.add_argument("--repeat", type=int, default=2, help="runs of each default stepwise cell (spread reported)")
+    ap.add_argument("--repeat", type=int, default=2,
+                    help="runs of each none, stepwise and stepwise+search cell (spread reported)")
     ap.add_argument("--policies", help="comma-separated policies and variants to run (default: all); "
                     "none and source_stop are added when missing, as goodput and the goals are read against them")
     ap.add_argument("--quick", action="store_true", help="scenarios a, c, e; stepwise once; no variants")

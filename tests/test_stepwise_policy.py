@@ -905,7 +905,7 @@ def test_bracket_search_an_overload_where_it_was_light_costs_one_part_then_doubl
     assert ks == [7, 9, 13, 21]           # one part, then 2, 4, and a whole step (8) at most
 
 
-def test_bracket_search_a_light_window_where_it_overloaded_releases_whole_steps() -> None:
+def test_bracket_search_a_light_window_where_it_overloaded_releases_one_part_then_doubling() -> None:
     w, d, th, _ = _searching()
     w.check(d, 0.0, HIGH)                 # 8
     w.check(d, 2.0, HIGH)                 # over at 8, no light known: 16
@@ -914,14 +914,30 @@ def test_bracket_search_a_light_window_where_it_overloaded_releases_whole_steps(
     w.check(d, 8.0, HIGH)                 # over at 12: 14
     assert th.k == 14
     ks = []
-    for i in range(4):                    # the capacity rose: the queue stays empty
+    for i in range(8):                    # the capacity rose: the queue stays empty
         w.check(d, 10.0 + 2.0 * i, 0)
         ks.append(th.k)
     # light at 14: the middle of (12, 14); light at 13: 12; light at 12, where it overloaded: that side
-    # is dropped and the release is a whole step (8 parts).
-    assert ks == [14, 13, 12, 4]
-    w.check(d, 18.0, 0)
-    assert th.k == 0 and th.rate is None and th.nominal_rate == 20_000.0
+    # is dropped and the releases grow 1, 2, 4, 8 parts (a whole step at most).
+    assert ks == [14, 13, 12, 11, 9, 5, 0, 0]
+    assert th.rate is None and th.nominal_rate == 20_000.0
+
+
+def test_bracket_search_a_queue_rising_under_the_low_mark_is_not_light() -> None:
+    w, d, th, params = _searching()
+    w.check(d, 0.0, HIGH)                 # 8
+    t, q = 0.0, 0.0
+    while t < 6.0:                        # under the low mark all along, but rising: not light
+        t = round(t + 0.05, 2)
+        q += params.low_mark / 200        # 1/16 of the low mark in 0.65 s, 60 % of it in 6 s
+        tick(w, d, t, int(q))
+    assert th.k == 8
+    while th.k == 8:                      # flat from 6.0 s: light after the window
+        t = round(t + 0.05, 2)
+        tick(w, d, t, int(q))
+    # The window runs from the last rise of 1/16 of the low mark over the lowest level seen (13 ticks
+    # of 1/200: observed at 0.05 s, then every 0.65 s, the last at 5.9 s), not from the first low reading.
+    assert th.k == 4 and t == 7.9
 
 
 def test_bracket_search_an_overload_soon_after_the_episode_keeps_the_bracket_and_long_after_does_not() -> None:

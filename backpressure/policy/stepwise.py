@@ -119,14 +119,17 @@ down goes to the middle of the bracket, or one whole step when ``light`` is unkn
 a release goes to the middle, or one whole step when ``over`` is unknown. Once the
 two are neighbours (``fine_steps`` parts of a step apart), the rate moves between
 them: just over the capacity the queue fills slowly, just under it drains slowly, and
-the bottleneck stays busy. Evidence against the bracket drops that side: a light
-window at or before ``over`` (the capacity rose) releases a whole step, and so does
-every further release until a new overload; an overload at or past ``light`` costs
-one part of a step (a light window is weak evidence: at a rate just over the capacity
-the queue takes longer than the window to reach the low mark), doubling at each
-further step down until a light window is seen again. Being a little over the
-capacity costs a slowly filling queue, being under it costs throughput, hence the
-asymmetry.
+the bottleneck stays busy. Two rules keep the evidence honest: a queue that rose
+under the low mark by more than 1/16 of it since its lowest point in the light
+window is not light (the window starts again: at a rate just over the capacity the
+queue takes a while to reach the low mark, and a short ``release_window`` would
+otherwise release past the capacity); and evidence against the bracket drops that
+side and moves by one part of a step, doubling at each further move the same way
+(at most a whole step): an overload at or past ``light`` (the capacity fell, or the
+queue was still draining a backlog) steps down 1, 2, 4, ... parts, a light window at
+or before ``over`` (the capacity rose, or ``over`` was read on a stale backlog) steps
+up the same way. The bracket is searched for again from there, and a capacity that
+moved far is reached in a few windows.
 
 A new episode (the upstream back at ``k == 0``) starts with no bracket, unless it
 comes within ``originv_memory`` of the last: then the bracket stands, and the
@@ -278,11 +281,13 @@ class Downstream:
         self.over: dict[int, int] = {}        # bracket_search: largest upstream k seen overloading
         self.light: dict[int, int] = {}       # bracket_search: smallest upstream k seen light
         self.creep: dict[int, int] = {}       # bracket_search: the last step down after a contradiction
+        self.rise: dict[int, int] = {}        # bracket_search: the last step up after a contradiction
         self.level = NORMAL
         self.last_check = now
         self.last_bytes: float | None = None  # queue level at the previous periodic check
         self.step_level: float | None = None  # queue level at this task's last step down (flat_queue_holds)
         self.low_since: float | None = None
+        self.low_min = 0.0                    # bracket_search: the lowest level since low_since
         self.retry_at: float | None = None    # an overloaded check that could not act: retry from then
         self.blocked: set[int] = set()
         self.smoothed: float | None = None    # the queue level under queue_smoothing
@@ -306,12 +311,16 @@ class Downstream:
         queue_bytes = self._level(now, queue_bytes)
         if queue_bytes <= p.low_mark:
             if self.low_since is None:
-                self.low_since = now
-            elif now - self.low_since >= p.light_window and self.holds:
-                if any(u not in self.pending for u in self.holds):
-                    return True   # the low mark held for the light window: release now
-                if now - self.last_check >= p.light_window:
-                    return True   # a release is unacknowledged: look for its acknowledgement
+                self.low_since, self.low_min = now, queue_bytes
+            elif p.bracket_search and queue_bytes > self.low_min + p.low_mark / 16:
+                self.low_since, self.low_min = now, queue_bytes    # rising under the low mark: not light
+            else:
+                self.low_min = min(self.low_min, queue_bytes)
+                if now - self.low_since >= p.light_window and self.holds:
+                    if any(u not in self.pending for u in self.holds):
+                        return True   # the low mark held for the light window: release now
+                    if now - self.last_check >= p.light_window:
+                        return True   # a release is unacknowledged: look for its acknowledgement
         else:
             self.low_since = None
             if queue_bytes >= p.high_mark:
@@ -378,6 +387,7 @@ class Downstream:
                     self.ended_at.setdefault(u, now)
             if released:
                 self.low_since = now      # each further step up needs a fresh light window
+                self.low_min = queue_bytes
                 self.step_level = None
         else:
             self.level = NORMAL
@@ -432,11 +442,12 @@ class Downstream:
         whole = self.params.fine_steps
         ended = self.ended_at.pop(u, None) if kind == BACKPRESSURE else None
         if kind == BACKPRESSURE and k == 0 and (ended is None or now - ended >= self.params.originv_memory):
-            for side in (self.over, self.light, self.creep):
+            for side in (self.over, self.light, self.creep, self.rise):
                 side.pop(u, None)                 # a new episode: nothing known yet
         over, light = self.over.get(u), self.light.get(u)
         creep = self.creep.pop(u, None)
         if kind == BACKPRESSURE:
+            self.rise.pop(u, None)
             if light is not None and light <= k:
                 # Overloaded where it was light: that light window was too short to show a rate just
                 # over the capacity, or the capacity fell a little: one part of a step, doubling while
@@ -451,9 +462,16 @@ class Downstream:
                 target = max(k + 1, k + whole if light is None else (k + light + 1) // 2)
             over = k
         else:
+            rise = self.rise.pop(u, None)
             if over is not None and over >= k:
-                over = None                       # light where it overloaded: the capacity rose
-            target = min(k - 1, k - whole if over is None else (over + k) // 2)
+                rise, over = 1, None              # light where it overloaded: the same, upwards
+            elif rise is not None and over is None:
+                rise = min(whole, 2 * rise)
+            if rise is not None:
+                target = k - rise
+                self.rise[u] = rise
+            else:
+                target = min(k - 1, k - whole if over is None else (over + k) // 2)
             light = k
         for side, val in ((self.over, over), (self.light, light)):
             if val is None:
