@@ -1,13 +1,32 @@
-"""Word count words/s: topo (one process, acking off and on) against a bare asyncio chain
-and Bytewax 0.21 (pinned, installed into the venv by ``make bench``), same input, final
-counts checked against the truth every run, runs interleaved, medians and ratios.
+"""Word count words/s: topo in one process against a bare asyncio chain and Bytewax 0.21
+(pinned, installed into the venv by ``make bench``), same input, final counts checked
+against the truth on every run, runs interleaved, medians and ratios; then the speed-up
+of ``topo run --workers 2`` over ``--workers 1``.
 
 The input is ``SENTENCES`` sentences from the word-count example (8 words on average).
-topo runs the example's own components (``SentenceSpout`` -> ``SplitBolt`` shuffle ->
-``CountBolt`` fields on ``word``), without the SQLite sink; Bytewax runs the same
-split/count as ``flat_map`` + ``count_final`` over a ``TestingSource`` in batches of
-1000 (its fast path); the bare chain is three asyncio tasks joined by
-``asyncio.Queue(1000)`` passing one item per sentence/word.
+Two variants, each compared like for like with Bytewax:
+
+* **per tuple** (Storm's API): ``SentenceSpout`` (one sentence per ``next_tuple``) ->
+  ``SplitBolt`` (``execute`` per sentence, ``emit`` per word) -> ``FinalCountBolt``
+  (``execute`` per word, the counts emitted once at the end of the input); Bytewax:
+  ``flat_map`` + ``count_final``.
+* **batch**: ``SentenceSpout(batch=1000)`` (``emit_many``) -> ``BatchSplitBolt``
+  (``execute_batch``, one ``emit_many`` per batch) -> ``BatchFinalCountBolt``
+  (``execute_batch``: one ``Counter.update``); Bytewax: ``flat_map_batch`` + ``count_final``.
+
+Both topologies are shuffle then fields on ``word``, one task each, no sink; Bytewax
+reads a ``TestingSource`` in batches of 1000 in both. topo runs each variant with acking
+off and on. The bare chain is three asyncio tasks joined by ``asyncio.Queue(1000)``
+passing one item per sentence/word. One extra topo side keeps the topology earlier
+figures were taken on (``SplitBolt`` -> ``CountBolt``, which emits a running count per word).
+
+Workers: ``topo run <spec> --quiet --workers N`` (wall time of the whole command,
+process start included) on ``WORKER_SENTENCES`` sentences, spout x2 (``local_or_shuffle``
+to the split, so sentences stay in their worker), split x2, count x2 (fields), per-tuple
+(running counts) and batch variants, acking off and on, ``WORKER_ROUNDS`` interleaved
+rounds, medians, with bytecode caching on (``PYTHONDONTWRITEBYTECODE`` dropped from the
+command's environment). Worker processes deliver no ``end_of_input``, so the batch count
+emits no finals there (nothing subscribes to them here anyway).
 
 ``python -m bench wordcount`` writes ``bench/results/wordcount.json``.
 """
@@ -15,10 +34,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import platform
 import re
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -26,12 +48,15 @@ from typing import Any, Callable
 
 import uvloop
 
-from topo.examples.wordcount import DEFAULT_SENTENCES, CountBolt, SentenceSpout, SplitBolt, expected_counts
+from topo.examples.wordcount import (DEFAULT_SENTENCES, BatchFinalCountBolt, BatchSplitBolt, CountBolt,
+                                     FinalCountBolt, SentenceSpout, SplitBolt, expected_counts)
 from topo.topology import TopologyBuilder
 from runtime.local.engine import LocalEngine
 
 SENTENCES = 200_000
 REPEATS = 5
+WORKER_SENTENCES = 600_000
+WORKER_ROUNDS = 3
 RESULTS = Path(__file__).parent / "results"
 _WORD = re.compile(r"[a-z0-9']+")   # the example's SplitBolt's rule
 
@@ -44,23 +69,38 @@ def _truth(n: int) -> Counter[str]:
     return expected_counts(repeat=n // len(DEFAULT_SENTENCES))
 
 
-class _Counts(CountBolt):
-    """The example's count, keeping its counts where the bench can read them."""
+class _Registered:
+    """Mixed into the example's count bolts: their counts kept where the bench can read them."""
 
-    registry: list[Counter[str]] = []
+    counts: Counter[str]
 
     def prepare(self, context: Any, collector: Any) -> None:
-        super().prepare(context, collector)
-        self.registry.append(self.counts)
+        super().prepare(context, collector)  # type: ignore[misc]
+        _Counts.registry.append(self.counts)
 
 
-async def run_topo(n: int, acking: bool) -> tuple[float, Counter[str]]:
+class _Counts(_Registered, CountBolt):
+    registry: list[Counter[str]] = []
+
+
+class _Final(_Registered, FinalCountBolt):
+    pass
+
+
+class _BatchFinal(_Registered, BatchFinalCountBolt):
+    pass
+
+
+async def run_topo(n: int, acking: bool, variant: str) -> tuple[float, Counter[str]]:
+    """``variant``: "per_tuple", "batch" or "running" (the running counts of earlier figures)."""
     _Counts.registry = []
     b = TopologyBuilder("wc-bench", {"acking": acking, "backpressure.policy": "none",
                                      "max_spout_pending": 5000})
-    b.spout("sentences", SentenceSpout(repeat=n // len(DEFAULT_SENTENCES)))
-    b.bolt("split", SplitBolt()).shuffle("sentences")
-    b.bolt("count", _Counts()).fields("split", "word")
+    batch = variant == "batch"
+    b.spout("sentences", SentenceSpout(repeat=n // len(DEFAULT_SENTENCES), batch=1000 if batch else 1))
+    b.bolt("split", BatchSplitBolt() if batch else SplitBolt()).shuffle("sentences")
+    count = {"batch": _BatchFinal, "per_tuple": _Final, "running": _Counts}[variant]
+    b.bolt("count", count()).fields("split", "word")
     engine = LocalEngine(b.build())
     t0 = time.perf_counter()
     await engine.run()
@@ -96,7 +136,7 @@ async def run_bare(n: int) -> tuple[float, Counter[str]]:
     return time.perf_counter() - t0, counts
 
 
-def run_bytewax(n: int) -> tuple[float, Counter[str]] | None:
+def run_bytewax(n: int, batch: bool) -> tuple[float, Counter[str]] | None:
     try:
         import bytewax.operators as op
         from bytewax.dataflow import Dataflow
@@ -107,7 +147,10 @@ def run_bytewax(n: int) -> tuple[float, Counter[str]] | None:
     out: list[tuple[str, int]] = []
     flow = Dataflow("wordcount")
     src = op.input("in", flow, TestingSource(sentences, batch_size=1000))
-    ws = op.flat_map("split", src, words)
+    if batch:
+        ws = op.flat_map_batch("split", src, lambda ss: [w for s in ss for w in words(s)])
+    else:
+        ws = op.flat_map("split", src, words)
     counted = op.count_final("count", ws, lambda w: w)
     op.output("out", counted, TestingSink(out))
     t0 = time.perf_counter()
@@ -119,10 +162,14 @@ def measure(n: int = SENTENCES, repeats: int = REPEATS) -> dict[str, Any]:
     truth = _truth(n)
     n_words = sum(truth.values())
     sides: dict[str, Callable[[], tuple[float, Counter[str]] | None]] = {
-        "topo_acking_off": lambda: uvloop.run(run_topo(n, False)),
-        "topo_acking_on": lambda: uvloop.run(run_topo(n, True)),
+        "topo_per_tuple_acking_off": lambda: uvloop.run(run_topo(n, False, "per_tuple")),
+        "topo_per_tuple_acking_on": lambda: uvloop.run(run_topo(n, True, "per_tuple")),
+        "topo_batch_acking_off": lambda: uvloop.run(run_topo(n, False, "batch")),
+        "topo_batch_acking_on": lambda: uvloop.run(run_topo(n, True, "batch")),
+        "topo_running_counts_acking_off": lambda: uvloop.run(run_topo(n, False, "running")),
         "bare_asyncio_chain": lambda: uvloop.run(run_bare(n)),
-        "bytewax_0_21": lambda: run_bytewax(n),
+        "bytewax_flat_map": lambda: run_bytewax(n, False),
+        "bytewax_flat_map_batch": lambda: run_bytewax(n, True),
     }
     rates: dict[str, list[float]] = {k: [] for k in sides}
     for i in range(repeats):
@@ -139,25 +186,82 @@ def measure(n: int = SENTENCES, repeats: int = REPEATS) -> dict[str, Any]:
     out: dict[str, Any] = {"sentences": n, "words": n_words, "repeats": repeats,
                            "python": sys.version.split()[0], "machine": platform.machine(),
                            "words_per_s": rates, "median_words_per_s": med}
-    if "bytewax_0_21" in med:
-        out["ratio_topo_off_vs_bytewax"] = med["topo_acking_off"] / med["bytewax_0_21"]
-        out["ratio_topo_on_vs_bytewax"] = med["topo_acking_on"] / med["bytewax_0_21"]
-    out["ratio_acking_on_vs_off"] = med["topo_acking_on"] / med["topo_acking_off"]
-    out["ratio_topo_off_vs_bare"] = med["topo_acking_off"] / med["bare_asyncio_chain"]
+    ratios = {"per_tuple_vs_bytewax": ("topo_per_tuple_acking_off", "bytewax_flat_map"),
+              "per_tuple_acking_on_vs_bytewax": ("topo_per_tuple_acking_on", "bytewax_flat_map"),
+              "batch_vs_bytewax": ("topo_batch_acking_off", "bytewax_flat_map_batch"),
+              "batch_acking_on_vs_bytewax": ("topo_batch_acking_on", "bytewax_flat_map_batch"),
+              "per_tuple_acking_on_vs_off": ("topo_per_tuple_acking_on", "topo_per_tuple_acking_off"),
+              "batch_acking_on_vs_off": ("topo_batch_acking_on", "topo_batch_acking_off"),
+              "batch_vs_per_tuple": ("topo_batch_acking_off", "topo_per_tuple_acking_off"),
+              "per_tuple_vs_bare": ("topo_per_tuple_acking_off", "bare_asyncio_chain")}
+    out["ratios"] = {k: med[a] / med[b] for k, (a, b) in ratios.items() if a in med and b in med}
     return out
+
+
+def worker_spec(variant: str, sentences: int) -> str:
+    """The YAML the workers bench runs (see the module docstring)."""
+    batch = variant == "batch"
+    return f"""name: wc-workers
+config:
+  backpressure.policy: none
+  max_spout_pending: 5000
+spouts:
+  - id: sentences
+    class: topo.examples.wordcount.SentenceSpout
+    kwargs: {{repeat: {sentences // len(DEFAULT_SENTENCES)}, batch: {1000 if batch else 1}}}
+    parallelism: 2
+bolts:
+  - id: split
+    class: topo.examples.wordcount.{"BatchSplitBolt" if batch else "SplitBolt"}
+    parallelism: 2
+  - id: count
+    class: topo.examples.wordcount.{"BatchFinalCountBolt" if batch else "CountBolt"}
+    parallelism: 2
+streams:
+  - {{from: sentences, to: split, grouping: {{type: local_or_shuffle}}}}
+  - {{from: split, to: count, grouping: {{type: fields, fields: [word]}}}}
+"""
+
+
+def measure_workers(sentences: int = WORKER_SENTENCES, rounds: int = WORKER_ROUNDS) -> dict[str, Any]:
+    """Wall seconds of ``topo run --workers N`` per (variant, acking, N), medians and speed-ups."""
+    times: dict[str, list[float]] = {}
+    # Bytecode caching on, as in a usual install: with it off every worker compiles its modules.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    with tempfile.TemporaryDirectory() as d:
+        specs = {v: Path(d) / f"{v}.yaml" for v in ("per_tuple", "batch")}
+        for v, path in specs.items():
+            path.write_text(worker_spec(v, sentences))
+        runs = [(v, acking, w) for v in specs for acking in (False, True) for w in (1, 2)]
+        for i in range(rounds):
+            for v, acking, w in (runs if i % 2 == 0 else runs[::-1]):
+                cmd = [sys.executable, "-m", "topo.cli", "run", str(specs[v]), "--quiet", "--workers", str(w),
+                       "--config", f"acking={'true' if acking else 'false'}"]
+                t0 = time.perf_counter()
+                subprocess.run(cmd, check=True, cwd=d, stdout=subprocess.DEVNULL, env=env)
+                times.setdefault(f"{v}_acking_{'on' if acking else 'off'}_workers_{w}", []).append(
+                    time.perf_counter() - t0)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    speedup = {k.replace("_workers_1", ""): med[k] / med[k.replace("_workers_1", "_workers_2")]
+               for k in med if k.endswith("_workers_1")}
+    return {"sentences": sentences, "rounds": rounds, "seconds": times, "median_seconds": med,
+            "speedup_2_vs_1": speedup}
 
 
 def main(argv: list[str] | None = None) -> None:
     quick = bool(argv) and "--quick" in argv
     out = measure(n=50_000, repeats=2) if quick else measure()
+    out["workers"] = measure_workers(60_000, 1) if quick else measure_workers()
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "wordcount.json").write_text(json.dumps(out, indent=2) + "\n")
     for k, v in out["median_words_per_s"].items():
-        print(f"{k:22s} {v:12,.0f} words/s")
-    for k in ("ratio_topo_off_vs_bytewax", "ratio_topo_on_vs_bytewax", "ratio_acking_on_vs_off",
-              "ratio_topo_off_vs_bare"):
-        if k in out:
-            print(f"{k}: {out[k]:.2f}")
+        print(f"{k:32s} {v:12,.0f} words/s")
+    for k, r in out["ratios"].items():
+        print(f"{k}: {r:.2f}")
+    for k, v in out["workers"]["median_seconds"].items():
+        print(f"{k:36s} {v:6.2f} s")
+    for k, r in out["workers"]["speedup_2_vs_1"].items():
+        print(f"2 workers vs 1, {k}: {r:.2f}x")
 
 
 if __name__ == "__main__":

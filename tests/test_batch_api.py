@@ -189,3 +189,21 @@ def test_the_harness_runs_a_batch_bolt_one_tuple_at_a_time() -> None:
     assert [list(e.values) for e in out] == [["the"], ["cow"]]
     assert [e.anchors for e in out] == [(h.fed[0],), (h.fed[0],)]
     assert h.acked == h.fed
+
+
+def test_fields_routing_of_a_whole_list_is_the_per_tuple_rule_for_every_key_type() -> None:
+    """The router remembers string keys only: 1, 1.0 and True are equal dict keys, and each
+    must still go where its own encoding sends it."""
+    import random
+
+    from topo.api import FieldIndex
+    from topo.groupings import FieldsGrouping, fields_task_index
+
+    router = FieldsGrouping("k").router([7, 8, 9, 10, 11], FieldIndex.of(["k", "v"]), rng=random.Random(0))
+    keys: list[Any] = [f"w{i}" for i in range(300)] + [1, 1.0, True, 2, 2.5, False, 0, b"x", None]
+    values_list = [[k, i] for i, k in enumerate(keys * 2)]
+    want = [fields_task_index([v[0]], 5) for v in values_list]
+    assert list(router.select_many(values_list)) == want      # the first pass fills the memo
+    assert list(router.select_many(values_list)) == want      # the second reads it
+    assert [router.select(v) for v in values_list] == want
+    assert len(set(want)) == 5

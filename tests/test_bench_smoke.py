@@ -19,4 +19,5 @@ def test_signal_latency_bench_measures_on_the_embedded_coordinator() -> None:
 
 def test_wordcount_bench_checks_counts_on_every_side() -> None:
     out = wordcount.measure(n=5_000, repeats=1)       # raises if any side counts wrong
-    assert {"topo_acking_off", "topo_acking_on", "bare_asyncio_chain"} <= set(out["median_words_per_s"])
+    assert {"topo_per_tuple_acking_off", "topo_per_tuple_acking_on", "topo_batch_acking_off",
+            "topo_batch_acking_on", "bare_asyncio_chain"} <= set(out["median_words_per_s"])

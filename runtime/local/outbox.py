@@ -19,8 +19,10 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from collections import deque
 from itertools import repeat
-from typing import Any, Callable, Sequence
+from operator import call
+from typing import Any, Callable, Iterable, Sequence
 
 import msgpack
 
@@ -248,6 +250,15 @@ class Outbox:
         origin = Origin(routes.fields, stream, self.component, self.task_id)
         return plan[0][1], plan[0][2], origin, self._arity_check(stream, len(routes.fields.names))
 
+    @staticmethod
+    def _select_many(routes: StreamRoutes) -> Callable[[Sequence[Sequence[Any]]], Iterable[int]]:
+        """The one router's ``select`` of a whole values list (see ``Router.select_many``)."""
+        router = routes.routers[0]
+        if router.select_many is not None:
+            return router.select_many
+        select = router.select
+        return lambda values_list: map(select, values_list)
+
     def _make_untracked_many(self, stream: str, routes: StreamRoutes) -> UntrackedEmitMany:
         """``emit_many`` untracked: the tuples made by C code when one target takes them all."""
         one_by_one = self.untracked[stream]
@@ -259,8 +270,10 @@ class Outbox:
 
             return emit_many_general
         lanes, select, origin, check = single
+        select_many = self._select_many(routes)
         ne = len(routes.fields.names).__ne__
         outbox = self
+        consume = deque(maxlen=0).extend    # runs an iterator to its end, keeping nothing
 
         def emit_many_routed(values_list: Sequence[Sequence[Any]], born: float) -> None:
             try:
@@ -269,12 +282,12 @@ class Outbox:
                 bad = True
             if bad:
                 check(values_list)
-            if len(lanes) == 1:     # map over zip: no Python loop per tuple
-                lanes[0].batch += map(WireTuple, zip(values_list, repeat(origin), repeat(None),
-                                                     repeat(born), repeat(None)))
-            else:
-                for v in values_list:
-                    lanes[select(v)].batch.append(WireTuple((v, origin, None, born, None)))
+            tuples = map(WireTuple, zip(values_list, repeat(origin), repeat(None), repeat(born), repeat(None)))
+            if len(lanes) == 1:     # maps over zips: no Python loop per tuple
+                lanes[0].batch += tuples
+            else:                   # each tuple appended to its lane's batch, by C-level maps too
+                appends = [lane.batch.append for lane in lanes]
+                consume(map(call, map(appends.__getitem__, select_many(values_list)), tuples))
             outbox.pending_count += len(values_list)
 
         return emit_many_routed
