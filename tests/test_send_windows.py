@@ -75,9 +75,11 @@ class Rig:
             out += [(t.values[0], next(iter(t.anchors))) for t in item[0]]
         return out
 
-    def outcome(self, root: int, ok: bool, sent_again: bool = False) -> None:
+    def outcome(self, root: int, ok: bool, sent_again: bool = False, hand_over: bool = True) -> None:
         entry = self.pending.pop(root)
         self.gate.on_outcome(SPOUT, root, ok, entry[0], sent_again)
+        if hand_over:
+            self.gate.hand_over(SPOUT)
 
     def window(self, task: int) -> Any:
         return self.flow.senders[SPOUT].windows[task]
@@ -174,6 +176,19 @@ async def test_w4_a_failed_tuple_shrinks_its_window_and_its_replay_goes_to_the_o
     rig.now = 0.35
     rig.outcome(replay, True)
     assert rig.flow.acks[SPOUT].point == 1
+
+
+async def test_acks_reach_the_windows_in_bulk_at_the_next_flush() -> None:
+    rig = await Rig(ShuffleGrouping()).start()
+    roots = [rig.emit(i) for i in range(10)]
+    await rig.outbox.flush()
+    rig.now = 0.05
+    for _, root in rig.take(A):
+        rig.outcome(root, True, hand_over=False)
+    assert rig.window(A).window == 2 and len(rig.window(A).in_flight) == 2    # not yet: collected
+    await rig.outbox.flush()                                                 # room is read: handed over
+    assert rig.window(A).window == 4 and len(rig.take(A)) == 4
+    assert set(roots) >= set(rig.flow.numbers[SPOUT])
 
 
 # --- the resume position (W5 for restarts): runtime/local/ack_points.py -------------------

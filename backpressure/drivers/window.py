@@ -159,21 +159,49 @@ class WindowFlowControl:
             nums[root] = self.last_number[spout]
         self.senders[spout].on_sent(root, target, now)
 
+    def on_sent_many(self, spout: int, target: int, roots: Sequence[Hashable], now: float) -> None:
+        """``on_sent`` for tuples sent for the first time, in one call per batch (hot path)."""
+        nums = self.numbers[spout]
+        n = self.last_number[spout]
+        sent = self.senders[spout].on_sent
+        for root in roots:
+            if root not in nums:
+                n += 1
+                nums[root] = n
+            sent(root, target, now)
+        self.last_number[spout] = n
+
     def on_acked(self, spout: int, root: Hashable, now: float) -> None:
-        """W2/W3 for every window the tuple was in; W5 over send order. Per ack on the hot
-        path: the display is redone only when a window crosses ``initial`` or ``max``."""
+        self.on_acked_many(spout, [(root, now)])
+
+    def on_acked_many(self, spout: int, acked: Sequence[tuple[Hashable, float]]) -> None:
+        """W2/W3 for every window each tuple was in (``(root, ack time)`` pairs); W5 over send
+        order. On the hot path (once per tuple): the display is redone only when a window
+        crossed ``initial`` or ``max``."""
         sender = self.senders[spout]
-        number = self.numbers[spout].pop(root, None)
-        targets = sender.target_of.get(root)
-        if targets is None:
-            return
-        p = self.params
-        lo, hi = p.initial, p.max
-        before = [(w.window < lo, w.window < hi) for w in map(sender.windows.__getitem__, targets)]
-        rt = sender.on_ack(root, now)
-        if rt is not None and number is not None:
-            self.acks[spout].on_ack(number, rt)
-        if before != [(w.window < lo, w.window < hi) for w in map(sender.windows.__getitem__, targets)]:
+        nums, cum = self.numbers[spout], self.acks[spout]
+        target_of, windows = sender.target_of, sender.windows
+        lo, hi = self.params.initial, self.params.max
+        show = False
+        for root, now in acked:
+            number = nums.pop(root, None)
+            targets = target_of.get(root)
+            if targets is None:
+                continue
+            if show:
+                rt = sender.on_ack(root, now)
+            elif len(targets) == 1:
+                w = windows[targets[0]]
+                was = w.window
+                rt = sender.on_ack(root, now)
+                show = (was < lo) != (w.window < lo) or (was < hi) != (w.window < hi)
+            else:
+                before = [(windows[t].window < lo, windows[t].window < hi) for t in targets]
+                rt = sender.on_ack(root, now)
+                show = before != [(windows[t].window < lo, windows[t].window < hi) for t in targets]
+            if rt is not None and number is not None:
+                cum.on_ack(number, rt)
+        if show:
             self._show(spout)
 
     def on_failed(self, spout: int, root: Hashable, now: float) -> int | None:

@@ -28,7 +28,7 @@ restored state lacks.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Hashable, Mapping, Protocol
+from typing import Any, Callable, Hashable, Mapping, Protocol, Sequence
 
 from runtime.local.ack_points import AckPoint, Keep, hashable
 from runtime.local.outbox import Lane, Outbox
@@ -42,13 +42,18 @@ class WindowFlow(Protocol):
     def on_sent(self, spout: int, target: int, root: Hashable, now: float,
                 resend_of: Hashable | None = None) -> None: ...
 
-    def on_acked(self, spout: int, root: Hashable, now: float) -> None: ...
+    def on_sent_many(self, spout: int, target: int, roots: Sequence[Hashable], now: float) -> None: ...
+
+    def on_acked_many(self, spout: int, acked: Sequence[tuple[Hashable, float]]) -> None: ...
 
     def on_failed(self, spout: int, root: Hashable, now: float) -> int | None: ...
 
     def on_dropped(self, spout: int, root: Hashable) -> None: ...
 
     def resend_target(self, spout: int, busy: int) -> int | None: ...
+
+
+_ACKS_AT_ONCE = 64
 
 
 class SendWindows:
@@ -68,6 +73,9 @@ class SendWindows:
         self.movable = movable              # spout -> components whose tuples may change task
         self.keyed = keyed                  # spout -> components whose tuples may not
         self.resend: dict[int, dict[Hashable, tuple[int, int]]] = {s: {} for s in pending}
+        # Acks (root, time) not yet handed to the flow control: handed over in bulk at the next
+        # flush (when room is read), before a fail, or every ``_ACKS_AT_ONCE``.
+        self.acked: dict[int, list[tuple[Hashable, float]]] = {s: [] for s in pending}
         self.clock = clock
 
     # --- seams.WindowGate ----------------------------------------------------------
@@ -98,9 +106,14 @@ class SendWindows:
         ap = self.ack_points.get(spout)
         if ap is not None:
             ap.on_outcome(root, ok, msg_id, sent_again)
+        acked = self.acked[spout]
         if ok:
-            self.flow.on_acked(spout, root, now)
+            acked.append((root, now))
+            if len(acked) >= _ACKS_AT_ONCE:
+                self.hand_over(spout)
             return
+        if acked:
+            self.hand_over(spout)
         busy = self.flow.on_failed(spout, root, now)
         key = hashable(msg_id)
         if sent_again and busy is not None and key is not None:
@@ -116,6 +129,8 @@ class SendWindows:
         ap = self.ack_points.get(spout)
         if ap is not None:
             ap.scan(pending)
+        if self.acked[spout]:
+            self.hand_over(spout)
         resend = self.resend[spout]
         if self.movable[spout]:
             self._spread(spout, outbox.lanes, pending, resend)
@@ -127,6 +142,7 @@ class SendWindows:
                 continue
             room = flow.room(spout, target)
             k = 0
+            sent: list[Hashable] = []
             for t in batch:
                 anchors = t.anchors
                 if anchors:
@@ -139,10 +155,21 @@ class SendWindows:
                             entry = pending.get(root)
                             key = hashable(entry[0]) if entry is not None else None
                             old = resend.pop(key, None) if key is not None else None
-                        flow.on_sent(spout, target, root, now, old[0] if old is not None else None)
+                        if old is not None:
+                            flow.on_sent(spout, target, root, now, old[0])
+                        else:
+                            sent.append(root)
                 k += 1
+            if sent:
+                flow.on_sent_many(spout, target, sent, now)
             admitted[target] = k
         return admitted
+
+    def hand_over(self, spout: int) -> None:
+        """The acks collected for ``spout`` go to the flow control now (its windows move)."""
+        acked = self.acked[spout]
+        self.acked[spout] = []
+        self.flow.on_acked_many(spout, acked)
 
     def _resend_to(self, spout: int, t: Any, pending: Mapping[int, tuple],
                    resend: Mapping[Hashable, tuple[int, int]]) -> int | None:
