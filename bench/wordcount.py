@@ -55,7 +55,7 @@ from runtime.local.engine import LocalEngine
 
 SENTENCES = 200_000
 REPEATS = 5
-WORKER_SENTENCES = 600_000
+WORKER_SENTENCES = 400_000
 WORKER_ROUNDS = 3
 RESULTS = Path(__file__).parent / "results"
 _WORD = re.compile(r"[a-z0-9']+")   # the example's SplitBolt's rule

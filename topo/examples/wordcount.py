@@ -139,7 +139,7 @@ class SplitBolt(Bolt):
     outputs = ["word"]
 
     def execute(self, tup: Tuple) -> None:
-        for word in _WORD.findall(tup[0].lower()):
+        for word in _WORD.findall(tup.values[0].lower()):
             self.collector.emit([word])
 
 
