@@ -23,9 +23,12 @@ Rules (each is a test in ``tests/test_window_policy.py`` named after it)
   returns the same task). With no other task with room it waits too (None).
 * **W5 cumulative ack**: tuples are numbered in send order; the ack point is the
   highest number with every tuple up to it acked (acks of 1, 3, 4 keep it at 1;
-  the ack of 2 moves it to 4), and its ``rt`` is the one recorded. A restart
-  resumes after the ack point (``resume_position``); a failed and re-sent tuple
-  keeps its number, so the point waits for it.
+  the ack of 2 moves it to 4), and its ``rt`` is the one recorded; a failed and
+  re-sent tuple keeps its number, so the point waits for it. For a restart the same
+  rule runs over the order the spout *emitted* (tuples overtake each other between
+  windows, so a point in send order could pass one still waiting): the engine's
+  ``runtime/local/ack_points.py`` numbers emission chunks and keeps the spout's state
+  at the point, which ``drivers/resume_points.py`` makes durable.
 * **W6 batching**: records are sent ``batch`` at a time as one tracked tuple (one
   ack per batch); a partial batch goes when flushed.
 * **W7 round robin among tasks with room**: the document's spout asks its
