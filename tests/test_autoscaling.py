@@ -278,17 +278,41 @@ async def test_a_keyed_rescale_waits_for_its_component_not_for_a_slow_stage_afte
     print(f"slow sink held {backlog} tuples as the keys moved; pauses {[r[3] for r in engine.rescales]} ms")
 
 
-def test_fields_grouping_into_a_bolt_without_keyed_state_is_refused_in_one_line() -> None:
+def test_fields_grouping_into_a_bolt_without_keyed_state_is_left_unscaled_or_refused_in_one_line() -> None:
     seen = Seen()
     b = TopologyBuilder("scale-refused")
     b.spout("src", Words(10))
     b.bolt("sink", Sink(seen), parallelism=2).fields("src", "word")
+    b.bolt("pass", Sink(Seen()), parallelism=2).shuffle("src")
+    # auto (the default): the keyed bolt keeps its tasks, the shuffled one may grow
+    assert LocalEngine(b.build(), adaptive()).scalable == frozenset({"pass"})
     with pytest.raises(ConfigError) as e:
-        LocalEngine(b.build(), adaptive())
+        LocalEngine(b.build(), adaptive(**{"backpressure.adaptive.autoscale": "true"}))
     msg = str(e.value)
-    assert "\n" not in msg and "backpressure.adaptive.max_parallelism" in msg and "'sink'" in msg
-    assert "KeyedBolt" in msg and "(got 4)" in msg
-    LocalEngine(b.build(), adaptive(**{"backpressure.adaptive.max_parallelism": 2}))   # no scaling: fine
+    assert "\n" not in msg and msg.startswith("config 'backpressure.adaptive.autoscale'") and "'sink'" in msg
+    assert "KeyedBolt" in msg and "set it to auto" in msg
+    assert LocalEngine(b.build(), adaptive(**{"backpressure.adaptive.autoscale": False})).scalable == frozenset()
+    assert LocalEngine(b.build(), adaptive(**{"backpressure.adaptive.max_parallelism": 2})).scalable == frozenset()
+
+
+class OffsetWords(Words):
+    """Words that checkpoint how far they got."""
+
+    def snapshot_state(self) -> int:
+        return self.i
+
+    def restore_state(self, state: int) -> None:
+        self.i = state
+
+
+def test_checkpoints_leave_every_bolt_unscaled_under_auto_and_are_refused_under_true(tmp_path: Any) -> None:
+    b = TopologyBuilder("scale-checkpointed")
+    b.spout("src", OffsetWords(10))
+    b.bolt("pass", Sink(Seen()), parallelism=2).shuffle("src")
+    cp = {"checkpoint.interval_ms": 1000, "checkpoint.dir": str(tmp_path)}
+    assert LocalEngine(b.build(), adaptive(**cp)).scalable == frozenset()
+    with pytest.raises(ConfigError, match="^config 'backpressure.adaptive.autoscale': autoscaling cannot run with checkpoints"):
+        LocalEngine(b.build(), adaptive(**cp, **{"backpressure.adaptive.autoscale": "true"}))
 
 
 def test_key_fields_other_than_the_grouping_fields_are_refused() -> None:
@@ -296,16 +320,8 @@ def test_key_fields_other_than_the_grouping_fields_are_refused() -> None:
     b.spout("src", Words(10))
     b.bolt("count", Count(), parallelism=2).fields("src", "pad")
     with pytest.raises(ConfigError, match=r"grouped on \['pad'\] but its key_fields are \['word'\]"):
-        LocalEngine(b.build(), adaptive())
-
-
-def test_autoscaling_with_checkpoints_is_refused(tmp_path: Any) -> None:
-    seen = Seen()
-    b = TopologyBuilder("scale-ckpt")
-    b.spout("src", Words(10))
-    b.bolt("relay", Relay(seen), parallelism=2).shuffle("src")
-    with pytest.raises(ConfigError, match="autoscaling cannot run with checkpoints"):
-        LocalEngine(b.build(), adaptive(**{"checkpoint.interval_ms": 1000, "checkpoint.dir": str(tmp_path)}))
+        LocalEngine(b.build(), adaptive(**{"backpressure.adaptive.autoscale": "true"}))
+    assert LocalEngine(b.build(), adaptive()).scalable == frozenset()
 
 
 # --- document 004's rule carried out by the adaptive driver, real clock ------------------

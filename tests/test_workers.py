@@ -155,10 +155,10 @@ def test_what_cannot_run_in_workers_is_one_line() -> None:
     b.spout("numbers", Numbers(1))
     b.bolt("pass", Pass()).shuffle("numbers")
     t = b.build()
-    with pytest.raises(TopologyError, match="^backpressure.adaptive.max_parallelism 4: autoscaling adds tasks "
-                                            "within one process only; .* set it to at most 1 "):
-        check_shippable(t, resolve(t.config, {}))
-    check_shippable(t, resolve(t.config, {"backpressure.adaptive.max_parallelism": 1}))   # adaptive, no scaling
+    with pytest.raises(TopologyError, match="^backpressure.adaptive.autoscale true: autoscaling adds tasks "
+                                            "within one process only; .* set it to auto or false "):
+        check_shippable(t, resolve(t.config, {"backpressure.adaptive.autoscale": True}))
+    check_shippable(t, resolve(t.config, {}))             # adaptive: autoscale auto adds no task across workers
     for policy in ("source_stop", "watermark", "window"):          # these cross workers now
         check_shippable(t, resolve(t.config, {"backpressure.policy": policy, "acking": True}))
     with pytest.raises(TopologyError, match="spout 'numbers' keeps no offsets to resume from"):

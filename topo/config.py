@@ -104,6 +104,16 @@ def _bool(v: Any) -> bool:
     raise ValueError("expected true or false")
 
 
+def _auto_or_bool(v: Any) -> str:
+    """``auto``, ``true`` or ``false`` (YAML's booleans accepted), kept as one of those words."""
+    if isinstance(v, str) and v.lower() == "auto":
+        return "auto"
+    try:
+        return "true" if _bool(v) else "false"
+    except ValueError:
+        raise ValueError("expected auto, true or false") from None
+
+
 def _int(v: Any) -> int:
     if isinstance(v, bool):
         raise ValueError("expected an integer")
@@ -245,6 +255,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("backpressure.adaptive.coefficient_step", 0.1, _float, "adaptive: an upstream's rate coefficient moves by this per flag added or removed", check=_fraction),
     Setting("backpressure.adaptive.preset_coefficient", 0.2, _float, "adaptive: the rate coefficient's floor; at it, flags ask for another parallel task", check=_between(0, 1, above=True)),
     Setting("backpressure.adaptive.scale_ratio", 0.5, _float, "adaptive: share of a component's tasks flagged that asks for one more task", check=_between(0, 1, above=True)),
+    Setting("backpressure.adaptive.autoscale", "auto", _auto_or_bool, "adaptive: auto grows the bolts whose state autoscaling can keep exact (one process, no checkpoints, fields grouping only into a KeyedBolt on the same fields) and leaves the rest at their parallelism; true refuses, in one line, a topology where some bolt cannot be; false never scales"),
     Setting("backpressure.adaptive.max_parallelism", 4, _int, "adaptive: autoscaling never takes a component past this many tasks", check=_between(1, 1024)),
     Setting("backpressure.adaptive.cooldown_ms", 30000.0, _float, "adaptive: least time between two scale actions on one component", check=_between(0, DAY_S * 1000)),
     Setting("backpressure.adaptive.check_interval_ms", 250.0, _float, "adaptive: how often an upstream checks its downstream flags and levels", check=_between(0, HOUR_MS, above=True)),

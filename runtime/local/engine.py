@@ -148,7 +148,6 @@ class LocalEngine:
                     continue
                 self._add_task_object(self._make_task(c, tid, index))
         self._next_id = next_id
-        self._check_scaling()
         for comp in self.scalable:
             owners = [r.key_owners for _, r in self._edges.get(comp, ()) if r.key_owners is not None]
             if owners:
@@ -238,39 +237,51 @@ class LocalEngine:
     # on: exact, at the cost of draining that component (bench/rescale_pause.py).
 
     def _scalable_components(self) -> frozenset[str]:
-        """Bolts a flow control with a ``scaler`` may grow (one process only)."""
-        if not hasattr(self.flow, "scaler") or self.network is not None:
+        """Bolts a flow control with a ``scaler`` may grow (one process only).
+
+        ``backpressure.adaptive.autoscale: auto`` leaves out, with one log line each, the
+        bolts whose state a rescale could not keep exact; ``true`` refuses the topology
+        in one line instead; ``false`` scales nothing."""
+        mode = self.config["backpressure.adaptive.autoscale"]
+        if not hasattr(self.flow, "scaler") or self.network is not None or mode == "false":
             return frozenset()
-        top = self.config["backpressure.adaptive.max_parallelism"]
-        return frozenset(c.id for c in self.topology.bolts if top > c.parallelism)
+        key, top = "backpressure.adaptive.max_parallelism", self.config["backpressure.adaptive.max_parallelism"]
+        chosen = set()
+        for c in self.topology.bolts:
+            if top <= c.parallelism:
+                continue
+            obstacle = self._scaling_obstacle(c.id)
+            if obstacle is None:
+                chosen.add(c.id)
+            elif mode == "true":
+                raise ConfigError("backpressure.adaptive.autoscale", "true",
+                                  f"{obstacle}: set it to auto (autoscale only the bolts it can keep exact), "
+                                  f"false, or {key} to at most {c.parallelism}")
+            else:
+                log.info("adaptive: bolt %r keeps its %d task(s): %s", c.id, c.parallelism, obstacle)
+        return frozenset(chosen)
 
     def _keyed_inputs(self, component: str) -> list[FieldsGrouping]:
         return [i.grouping for i in self.topology.components[component].inputs
                 if isinstance(i.grouping, FieldsGrouping)]
 
-    def _check_scaling(self) -> None:
-        """Refuse, in one line, what autoscaling could not keep exact."""
-        if not self.scalable:
-            return
-        key = "backpressure.adaptive.max_parallelism"
-        top = self.config[key]
+    def _scaling_obstacle(self, component: str) -> str | None:
+        """Why autoscaling ``component`` could not keep results exact, or None."""
         if self.config["checkpoint.interval_ms"] is not None:
-            least = min(c.parallelism for c in self.topology.bolts)
-            raise ConfigError(key, top, f"autoscaling cannot run with checkpoints (a checkpoint holds a fixed "
-                                        f"set of tasks): set it to at most {least} or checkpoint.interval_ms: null")
-        first = {t.component: t.instance for t in reversed(self.tasks)}
-        for comp in sorted(self.scalable):
-            n = self.topology.components[comp].parallelism
-            for g in self._keyed_inputs(comp):
-                bolt = first[comp]
-                if not isinstance(bolt, KeyedBolt):
-                    raise ConfigError(key, top, f"bolt {comp!r} is fed by fields grouping on {list(g.fields)} but "
-                                                f"is not a KeyedBolt, so autoscaling could not move its state with "
-                                                f"its keys: make it a topo.state.KeyedBolt or set this to at most {n}")
-                if tuple(bolt.key_fields) != g.fields:
-                    raise ConfigError(key, top, f"bolt {comp!r} is grouped on {list(g.fields)} but its key_fields "
-                                                f"are {list(bolt.key_fields)}: autoscaling moves keys by the grouping "
-                                                f"fields, so they must be equal (or set this to at most {n})")
+            return "autoscaling cannot run with checkpoints (a checkpoint holds a fixed set of tasks)"
+        keyed = self._keyed_inputs(component)
+        if not keyed:
+            return None
+        bolt = self.topology.components[component].instance()
+        for g in keyed:
+            if not isinstance(bolt, KeyedBolt):
+                return (f"bolt {component!r} is fed by fields grouping on {list(g.fields)} but is not a "
+                        f"KeyedBolt, so autoscaling could not move its state with its keys")
+            if tuple(bolt.key_fields) != g.fields:
+                return (f"bolt {component!r} is grouped on {list(g.fields)} but its key_fields are "
+                        f"{list(bolt.key_fields)}: autoscaling moves keys by the grouping fields, so they "
+                        f"must be equal")
+        return None
 
     async def add_task(self, component: str) -> BoltTask | None:
         """One more task of bolt ``component``, routed to by every upstream once it runs."""

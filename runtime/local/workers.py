@@ -85,14 +85,10 @@ _REPLY_TIMEOUT_S = 5.0
 
 def check_shippable(topology: Topology, config: dict[str, Any]) -> None:
     """What cannot run in worker processes, as one line."""
-    if config.get("backpressure.policy") == "adaptive":
-        key = "backpressure.adaptive.max_parallelism"
-        top = int(config.get(key, 4))
-        least = min((c.parallelism for c in topology.bolts), default=top)
-        if top > least:
-            raise TopologyError(f"{key} {top}: autoscaling adds tasks within one process only; with workers > 1 "
-                                f"set it to at most {least} (the smallest bolt parallelism) to run adaptive "
-                                f"without autoscaling")
+    if config.get("backpressure.policy") == "adaptive" and config.get("backpressure.adaptive.autoscale") == "true":
+        raise TopologyError("backpressure.adaptive.autoscale true: autoscaling adds tasks within one process "
+                            "only; with workers > 1 set it to auto or false (adaptive then throttles and "
+                            "balances across workers without adding tasks)")
     port, workers = int(config.get("metrics.port") or 0), int(config.get("workers") or 1)
     if port and port + workers - 1 > 65535:
         raise TopologyError(f"metrics.port {port}: worker i serves its metrics on metrics.port + i, and "
