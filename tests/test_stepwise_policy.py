@@ -981,3 +981,20 @@ def test_bracket_search_comes_from_the_config_and_is_off_by_default() -> None:
     assert not StepwiseParams.from_config(resolve({})).bracket_search
     assert StepwiseParams.from_config(resolve({"backpressure.bracket_search": True,
                                                "backpressure.fine_steps": 16})).bracket_search
+
+
+def test_bracket_search_of_light_siblings_only_the_one_holding_most_releases() -> None:
+    w, a, th, params = _searching()
+    b = Downstream(11, [1], params, 0.0)
+    w.check(a, 0.0, HIGH)                 # a: 8
+    w.check(b, 2.0, HIGH)                 # b, a sensitivity later: 8 more
+    assert th.k == 16 and th.holds == {10: 8, 11: 8}
+    for t in (4.0, 6.0):                  # both light
+        w.check(a, t, 0)
+        w.check(b, t, 0)
+    # Only a (tie, the lower id) released: halfway between its over (0) and the light k (16), all it held.
+    assert th.k == 8 and th.holds == {11: 8}
+    w.check(b, 6.5, 0)                   # b leads now, but the rate changed under it: a fresh window
+    assert th.k == 8
+    w.check(b, 8.5, 0)                   # light at 8, where b overloaded: one part up
+    assert th.k == 7 and th.holds == {11: 7}

@@ -129,7 +129,11 @@ side and moves by one part of a step, doubling at each further move the same way
 queue was still draining a backlog) steps down 1, 2, 4, ... parts, a light window at
 or before ``over`` (the capacity rose, or ``over`` was read on a stale backlog) steps
 up the same way. The bracket is searched for again from there, and a capacity that
-moved far is reached in a few windows.
+moved far is reached in a few windows. The bracket is on the upstream's whole ``k``,
+so of several light tasks of a component only the one holding the most steps (ties:
+the lowest id) releases: each moving by the bracket would add their moves up; and a
+light window starts again when another task's steps on the upstream changed (the
+rate it was read at is gone).
 
 A new episode (the upstream back at ``k == 0``) starts with no bracket, unless it
 comes within ``originv_memory`` of the last: then the bracket stands, and the
@@ -282,6 +286,7 @@ class Downstream:
         self.light: dict[int, int] = {}       # bracket_search: smallest upstream k seen light
         self.creep: dict[int, int] = {}       # bracket_search: the last step down after a contradiction
         self.rise: dict[int, int] = {}        # bracket_search: the last step up after a contradiction
+        self.others_seen: dict[int, int] = {} # bracket_search: steps the other downstreams held, last seen
         self.level = NORMAL
         self.last_check = now
         self.last_bytes: float | None = None  # queue level at the previous periodic check
@@ -342,7 +347,13 @@ class Downstream:
             queue_bytes = self.smoothed
         out: list[Signal] = []
         for u in self.upstreams:
-            self._ack_or_resend(u, view(u) or _NO_VIEW, now, out)
+            v = view(u) or _NO_VIEW
+            self._ack_or_resend(u, v, now, out)
+            if p.bracket_search:
+                others = sum(v.granted.values()) - v.granted.get(self.task_id, 0)
+                if self.others_seen.get(u, others) != others and self.low_since is not None:
+                    self.low_since, self.low_min = now, queue_bytes   # a sibling moved the rate: a fresh window
+                self.others_seen[u] = others
         over = queue_bytes >= p.high_mark
         retry = over and self.level == OVERLOADED and now - self.last_check < p.sensitivity
         # The rate in force is working: the backlog fell (or, under flat_queue_holds, stopped growing).
@@ -380,6 +391,8 @@ class Downstream:
             for u, h in list(self.holds.items()):
                 if h > 0 and u not in self.pending:
                     v = view(u)
+                    if p.bracket_search and v is not None and not self._leads(v, h):
+                        continue      # the sibling holding the most steps releases for the component
                     out.append(self._move(u, RELEASE, now, None if v is None else v.k))
                     released = True
             for u in self.upstreams:          # light and holding nothing: the episode is over for u
@@ -432,6 +445,10 @@ class Downstream:
             size = max(1, size // 2)              # closing in on it (bisection)
         self.size[u], self.last_dir[u], self.streak[u] = size, kind, streak
         return self._send(u, h + size if kind == BACKPRESSURE else max(0, h - size), kind, now)
+
+    def _leads(self, v: UpstreamView, h: int) -> bool:
+        """Whether this task holds the most steps on ``v`` of all its downstreams (ties: the lowest id)."""
+        return all(g < h or (g == h and d > self.task_id) for d, g in v.granted.items() if d != self.task_id)
 
     def _searched(self, u: int) -> bool:
         """Whether a step size or a bracket is kept for ``u`` (what ``originv_memory`` may carry over)."""
