@@ -144,6 +144,9 @@ that ``originv`` while free (its rate meter lags such a burst): a source catchin
 on a backlog after the capacity came back, whose pre-episode rate was under the
 new capacity. With the old ``originv`` no step could give it the capacity: it would
 alternate between free bursts into the hard bound and a rate the bottleneck idles at.
+(The downstream does not see the new ``originv``: the bracket it kept now reads one
+whole step faster than it was found, which the rules above correct within a few
+windows; being over the capacity only fills the queue.)
 
 Two more settings (off in the document)
 ---------------------------------------
