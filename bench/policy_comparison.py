@@ -97,8 +97,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "stepwise+search": {"backpressure.fine_steps": 16, "backpressure.bracket_search": True,
                         "backpressure.release_window_ms": 50, "backpressure.queue_smoothing_ms": 50},
 }
-# Run --repeat times (the others once): the reference, the document's default and the named combination.
-REPEATED = ("none", "stepwise", "stepwise+search")
+# Run --repeat times (the others once): the reference, the baseline the goals are read against, the
+# document's default and the named combination.
+REPEATED = ("none", "source_stop", "stepwise", "stepwise+search")
 SAMPLE_S = 0.05
 BIN_S = 0.25
 PAD = "x" * 100
@@ -502,7 +503,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--scenarios", default="abcdefg", help="which scenarios (letters)")
     ap.add_argument("--warmup", type=float, default=1.5, help="seconds left out of the rates and latencies")
     ap.add_argument("--repeat", type=int, default=2,
-                    help="runs of each none, stepwise and stepwise+search cell (spread reported)")
+                    help="runs of each none, source_stop, stepwise and stepwise+search cell (spread reported)")
     ap.add_argument("--policies", help="comma-separated policies and variants to run (default: all); "
                     "none and source_stop are added when missing, as goodput and the goals are read against them")
     ap.add_argument("--quick", action="store_true", help="scenarios a, c, e; stepwise once; no variants")
