@@ -297,9 +297,11 @@ def test_engine_rejects_unmappable_topology_before_starting_spark():
 def test_example_specs_map_onto_spark(name, tmp_path, monkeypatch):
     from topo.spec import load
 
+    root = Path(__file__).resolve().parent.parent
     monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(root))   # bursty_spark.yaml names bench.*, run from the repository root
     FileLog(tmp_path / "wordcount-log", "sentences", partitions=2)
-    topo = load(Path(__file__).resolve().parent.parent / "configs" / name)
+    topo = load(root / "configs" / name)
     assert check(topo) == []
     assert {p.mode for p in stage_plans(topo, {}).values()} <= {"partition", "task"}
 
