@@ -40,7 +40,13 @@ def _env() -> dict[str, str]:
 
 
 def _counts(db: Path) -> dict[str, int]:
-    return dict(read_table(str(db), "word_counts")) if db.exists() else {}
+    """The sink's table; empty before the run has created it (the file may come first)."""
+    try:
+        return dict(read_table(str(db), "word_counts")) if db.exists() else {}
+    except sqlite3.OperationalError as e:
+        if "no such table" in str(e):
+            return {}
+        raise
 
 
 def _kill_and_restart(tmp_path: Path, args: list[str], kills: int, seed: int,
