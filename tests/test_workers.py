@@ -60,6 +60,36 @@ def test_word_counts_are_exact_with_any_number_of_workers(tmp_path: Path, worker
     assert dict(read_table(str(tmp_path / "wordcount.db"), "word_counts")) == dict(expected_counts(repeat=2000))
 
 
+FINAL_COUNTS = """
+name: final-counts
+config: {acking: ACKING}
+spouts:
+  - {id: sentences, class: topo.examples.wordcount.SentenceSpout, kwargs: {repeat: 500}, parallelism: 2}
+bolts:
+  - {id: split, class: topo.examples.wordcount.SplitBolt, parallelism: 2}
+  - {id: count, class: topo.examples.wordcount.FinalCountBolt, parallelism: 2}
+  - id: sink
+    class: topo.sinks.SQLiteSink
+    kwargs: {path: final.db, table: word_counts, fields: [word, count], key_fields: [word]}
+streams:
+  - {from: sentences, to: split, grouping: {type: shuffle}}
+  - {from: split, to: count, grouping: {type: fields, fields: [word]}}
+  - {from: count, to: sink, grouping: {type: fields, fields: [word]}}
+"""
+
+
+@pytest.mark.parametrize("workers, acking", [(1, "false"), (2, "false"), (3, "true")])
+def test_end_of_input_reaches_every_worker_and_final_counts_are_exact(tmp_path: Path, workers: int,
+                                                                      acking: str) -> None:
+    """A bounded run ends its ``end_of_input`` bolts as one process does: the counts, in
+    whichever worker they are, emit their finals once every word reached them."""
+    (tmp_path / "final.yaml").write_text(FINAL_COUNTS.replace("ACKING", acking))
+    proc = subprocess.run(TOPO + ["run", "final.yaml", "--quiet", "--workers", str(workers)],
+                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert dict(read_table(str(tmp_path / "final.db"), "word_counts")) == dict(expected_counts(repeat=500))
+
+
 def _numbers_into_sqlite(total: int, db: Path, delay_s: float = 0.0, **config: object):
     b = TopologyBuilder("nums", {"acking": True, "backpressure.policy": "none", "max_spout_pending": 500,
                                  **config})

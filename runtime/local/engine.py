@@ -78,6 +78,21 @@ class RunResult:
         return out
 
 
+def end_of_input_order(topology: Topology) -> list[str]:
+    """The bolts with an ``end_of_input`` hook, sources before their subscribers: the
+    order in which a bounded run ends them, each once everything before it is processed."""
+    order = [c.id for c in topology.components.values()]
+    done: list[str] = []
+    while order:     # the topology has no cycle
+        ready = [c for c in order if all(i.source in done for i in topology.components[c].inputs)]
+        if not ready:
+            break
+        done += ready
+        order = [c for c in order if c not in ready]
+    return [c for c in done if topology.components[c].kind == "bolt"
+            and hasattr(topology.components[c].instance(), "end_of_input")]
+
+
 class LocalEngine:
     def __init__(self, topology: Topology, config: dict[str, Any] | None = None, *,
                  flow: FlowControl | None = None, services: Sequence[Service] = (),
@@ -102,7 +117,7 @@ class LocalEngine:
                           Acker(cfg["message_timeout_s"], worker=network.worker,
                                 forward_ack=network.forwarder.ack, forward_fail=network.forwarder.fail))
         self.drain_deadline = float("inf")
-        self._ending: list[list[BoltTask]] | None = None   # end-of-input rounds left
+        self._ending: list[str] | None = None   # components whose end-of-input round is still to come
         self.task_ids: dict[str, list[int]] = {}
         self.queues: dict[int, ByteQueue] = {}
         self.spout_tasks: list[SpoutTask] = []
@@ -728,21 +743,17 @@ class LocalEngine:
         component (topological order) with an ``end_of_input`` hook an END marker per task,
         so its open windows close (Flink's MAX_WATERMARK); False once none is left."""
         if self._ending is None:
-            order = [c.id for c in self.topology.components.values()]
-            done: list[str] = []
-            while order:     # sources before their subscribers (the topology has no cycle)
-                ready = [c for c in order if all(i.source in done for i in self.topology.components[c].inputs)]
-                if not ready:
-                    break
-                done += ready
-                order = [c for c in order if c not in ready]
-            self._ending = [[b for b in self.bolt_tasks if b.component == c] for c in done
-                            if any(b.component == c and hasattr(b.bolt, "end_of_input") for b in self.bolt_tasks)]
+            self._ending = end_of_input_order(self.topology)
         if not self._ending:
             return False
-        for b in self._ending.pop(0):
-            b.queue.put_marker(END_MARKER)
+        self.end_component(self._ending.pop(0))
         return True
+
+    def end_component(self, component: str) -> None:
+        """An END marker to each of this process's tasks of ``component``."""
+        for b in self.bolt_tasks:
+            if b.component == component and hasattr(b.bolt, "end_of_input"):
+                b.queue.put_marker(END_MARKER)
 
     def _on_signal(self) -> None:
         if self.stopping:

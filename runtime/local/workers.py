@@ -71,7 +71,8 @@ from topo.topology import Topology, TopologyError
 from topo.api import CheckpointError
 from runtime.local.checkpoint_store import CheckpointStore
 # (the checkpointer and Rollback are the engine's: reached through its module)
-from runtime.local.engine import Checkpointer, LocalEngine, Rollback, RunResult, topology_fingerprint
+from runtime.local.engine import (Checkpointer, LocalEngine, Rollback, RunResult, end_of_input_order,
+                                   topology_fingerprint)
 from runtime.local.placement import place
 from runtime.local.transport import WorkerNetwork
 from runtime.observe.prometheus import CollectorRegistry, MetricsService
@@ -222,6 +223,8 @@ async def _worker(topology: Topology, config: ResolvedConfig, worker: int, worke
                 conn.send(("states", checkpointer.snapshot()))   # hold until every worker took it)
             else:
                 checkpointer.complete(cmd[1])
+        elif cmd[0] == "end":                     # a bounded run's end-of-input round
+            engine.end_component(cmd[1])
         elif cmd[0] == "stop":
             engine.request_stop(cmd[1])
         elif cmd[0] == "finish":
@@ -363,6 +366,7 @@ class Supervisor:
         started = time.monotonic()
         drain_deadline: float | None = None
         previous: tuple[int, int] | None = None
+        ending = end_of_input_order(self.topology)    # as one process ends a bounded run
         next_records = 0.0
         interval = self.config["checkpoint.interval_ms"]
         next_checkpoint = time.monotonic() + interval / 1000.0 if self.store is not None else float("inf")
@@ -411,6 +415,10 @@ class Supervisor:
                 # cannot match; quiescence that holds with unchanged totals must do.
                 balanced = totals[0] == totals[1] or any(w.restarts for w in self.procs)
                 if balanced and totals == previous:
+                    if not self.stopping and ending:     # bounded input: end the next component
+                        self._tell("end", ending.pop(0))
+                        previous = None
+                        continue
                     if self.store is not None and not self._checkpoint():   # the last one seals the output
                         previous = None
                         continue
