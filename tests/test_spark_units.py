@@ -524,3 +524,26 @@ def test_enter_workdir_keeps_relative_import_paths_working(tmp_path, monkeypatch
 
     assert shipped_mod_x.VALUE == 42
     sys.modules.pop("shipped_mod_x", None)
+
+
+def test_a_batch_bolt_runs_on_spark_its_emit_many_one_bus_row_per_values():
+    from runtime.spark.bolts import BusCollector, Runner, StagePlan, context_for
+    from topo.api import EmitError
+
+    class Words(Bolt):
+        outputs = ["word"]
+
+        def execute_batch(self, tuples):
+            self.collector.emit_many([(w,) for t in tuples for w in t["line"].split()],
+                                     anchor_each=[t for t in tuples for _ in t["line"].split()])
+
+    plan = StagePlan("split", Words, 1, "t", {}, "partition", {("gen", "default"): ("line",)},
+                     {"default": ("word",)})
+    bolt, collector = plan.instance(), BusCollector(plan)
+    bolt.prepare(context_for(plan, 0), collector)
+    runner = Runner(plan, bolt)
+    runner.run(runner.tuple_of("gen", "default", msgpack.packb(["a b c"])))   # execute -> a batch of one
+    assert [msgpack.unpackb(v) for v in collector.values] == [["a"], ["b"], ["c"]]
+    assert collector.streams == ["default"] * 3
+    with pytest.raises(EmitError, match="2 values and 1 anchor_each"):
+        collector.emit_many([("x",), ("y",)], anchor_each=[None])

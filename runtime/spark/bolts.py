@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import msgpack
 
-from topo.api import DEFAULT_STREAM, FieldIndex, TaskContext, Tuple, check_emit
+from topo.api import DEFAULT_STREAM, EmitError, FieldIndex, TaskContext, Tuple, check_emit
 from topo.groupings import fields_task_index
 from topo.state import hashable_key
 
@@ -135,6 +135,16 @@ class BusCollector:
         check_emit(self.component, self.outputs, stream, values)
         self.streams.append(stream)
         self.values.append(msgpack.packb(list(values)))
+
+    def emit_many(self, values_list: Sequence[Sequence[Any]], stream: str = DEFAULT_STREAM,
+                  anchors: Any = None, anchor_each: Sequence[Tuple] | None = None) -> None:
+        """The local collectors' ``emit_many`` (a batch bolt's), as one ``emit`` per values:
+        the bus has no tuple trees, so the anchors only have their lengths checked."""
+        if anchor_each is not None and len(anchor_each) != len(values_list):
+            raise EmitError(f"component {self.component!r} called emit_many with {len(values_list)} values "
+                            f"and {len(anchor_each)} anchor_each tuples (one per values)")
+        for values in values_list:
+            self.emit(values, stream)
 
     def ack(self, tup: Tuple) -> None:
         self.acked += 1
