@@ -50,11 +50,10 @@ _POLICY: dict[str, dict[str, Any]] = {
 
 class Watcher:
     """A service beside the supervisor (as the console is one): every 20 ms, the slow bolt's
-    queue and whether the spout shows a downstream holding it."""
+    queue."""
 
     def __init__(self) -> None:
         self.max_queue = 0
-        self.spout_flagged = False
         self.runs: list[asyncio.Task[None]] = []
 
     async def start(self, view: Any) -> None:
@@ -64,8 +63,6 @@ class Watcher:
                 for record in (s.snapshot() for s in view.stats):
                     if record["component"] == "slow":
                         self.max_queue = max(self.max_queue, record["queue_bytes"])
-                    elif record["component"] == "numbers" and record["backpressure"]:
-                        self.spout_flagged = True
 
         self.runs.append(asyncio.create_task(sample()))
 
@@ -92,7 +89,9 @@ def test_a_slow_bolt_in_another_worker_holds_the_spout_nothing_lost_then_lets_go
     watcher = Watcher()
     stats = {(s.component, s.task_id): s for s in run_workers(topology, cfg, workers=2, services=[watcher]).stats}
     spout, remote = stats[("numbers", 1)], stats[("slow", 2)]
-    assert watcher.spout_flagged, "the spout never showed the slow bolt holding it"
+    # Counted by the spout's task itself: a watcher sampling records refreshed every 0.1 s
+    # can miss a window's short hold (it did, under ZooKeeper).
+    assert spout.backpressure_episodes >= 1, "the spout never showed the slow bolt holding it"
     if policy == "adaptive":      # the flag raised in worker 1, obeyed in worker 0, cleared
         assert remote.signals_sent.get("BACKPRESSURE", 0) >= 1 and remote.signals_sent.get("RELEASE", 0) >= 1
         assert spout.signals_received.get("BACKPRESSURE", 0) >= 1

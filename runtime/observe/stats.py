@@ -79,6 +79,7 @@ class TaskStats:
     originv: float | None = None         # rate before the first backpressure step
     k: int = 0                           # backpressure step count
     backpressure: bool = False           # backpressure flag (document 000)
+    backpressure_episodes: int = 0       # times the flag went up: a short episode is counted too
     signals_sent: dict[str, int] = field(default_factory=dict)
     signals_received: dict[str, int] = field(default_factory=dict)
     execute_latency: Histogram = field(default_factory=Histogram)
@@ -91,6 +92,8 @@ class TaskStats:
     def show(self, display: FlowDisplay) -> None:
         """What flow control says of this task (the limit itself is the limiter's, set apart)."""
         self.k = display.k
+        if display.backpressure and not self.backpressure:
+            self.backpressure_episodes += 1
         self.backpressure = display.backpressure
         if display.originv is not None:
             self.originv = display.originv      # kept after a release: the last episode's
