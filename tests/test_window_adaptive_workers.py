@@ -40,7 +40,9 @@ TOPO = [sys.executable, "-m", "topo.cli"]
 
 pytestmark = pytest.mark.timeout(300)
 
-TOTAL, SLOW_FOR = 12000, 3000
+# The release reaches the spout at about 10,000 emitted on a quiet machine; 24,000 leaves room
+# for a loaded one (at 12,000 a CI run once finished before it).
+TOTAL, SLOW_FOR = 24000, 3000
 _POLICY: dict[str, dict[str, Any]] = {
     "adaptive": {"backpressure.policy": "adaptive", "backpressure.adaptive.max_parallelism": 1,
                  "backpressure.adaptive.check_interval_ms": 100, "backpressure.adaptive.window_ms": 1000},
