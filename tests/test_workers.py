@@ -40,6 +40,13 @@ def _env() -> dict[str, str]:
     return env
 
 
+def _topo_run(cwd: Path, *args: str) -> None:
+    """``topo run ARGS --quiet`` in ``cwd``, which must exit 0."""
+    proc = subprocess.run(TOPO + ["run", *args, "--quiet"], cwd=cwd, env=_env(), capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 def test_placement_spreads_each_component_round_robin() -> None:
     b = TopologyBuilder("p")
     b.spout("s", Numbers(1))
@@ -53,10 +60,8 @@ def test_placement_spreads_each_component_round_robin() -> None:
 @pytest.mark.parametrize("workers, checkpoints", [(1, "null"), (2, "null"), (3, "null"), (2, "300")])
 def test_word_counts_are_exact_with_any_number_of_workers(tmp_path: Path, workers: int, checkpoints: str) -> None:
     """(and with checkpoints across workers: the supervisor's global cuts, the last one sealing the table)"""
-    proc = subprocess.run(TOPO + ["run", str(ROOT / "configs" / "wordcount.yaml"), "--quiet", "--workers",
-                                  str(workers), "--config", f"checkpoint.interval_ms={checkpoints}"],
-                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    _topo_run(tmp_path, str(ROOT / "configs" / "wordcount.yaml"), "--workers", str(workers),
+              "--config", f"checkpoint.interval_ms={checkpoints}")
     assert dict(read_table(str(tmp_path / "wordcount.db"), "word_counts")) == dict(expected_counts(repeat=2000))
 
 
@@ -84,9 +89,7 @@ def test_end_of_input_reaches_every_worker_and_final_counts_are_exact(tmp_path: 
     """A bounded run ends its ``end_of_input`` bolts as one process does: the counts, in
     whichever worker they are, emit their finals once every word reached them."""
     (tmp_path / "final.yaml").write_text(FINAL_COUNTS.replace("ACKING", acking))
-    proc = subprocess.run(TOPO + ["run", "final.yaml", "--quiet", "--workers", str(workers)],
-                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    _topo_run(tmp_path, "final.yaml", "--workers", str(workers))
     assert dict(read_table(str(tmp_path / "final.db"), "word_counts")) == dict(expected_counts(repeat=500))
 
 

@@ -78,9 +78,14 @@ class RunResult:
         return out
 
 
-def end_of_input_order(topology: Topology) -> list[str]:
+def end_of_input_order(topology: Topology, has_hook: Callable[[str], bool] | None = None) -> list[str]:
     """The bolts with an ``end_of_input`` hook, sources before their subscribers: the
-    order in which a bounded run ends them, each once everything before it is processed."""
+    order in which a bounded run ends them, each once everything before it is processed.
+    ``has_hook(component)`` answers from instances at hand; without it one instance of
+    each bolt is made to ask (the supervisor of worker processes has none)."""
+    if has_hook is None:
+        def has_hook(c: str) -> bool:
+            return hasattr(topology.components[c].instance(), "end_of_input")
     order = [c.id for c in topology.components.values()]
     done: list[str] = []
     while order:     # the topology has no cycle
@@ -89,8 +94,7 @@ def end_of_input_order(topology: Topology) -> list[str]:
             break
         done += ready
         order = [c for c in order if c not in ready]
-    return [c for c in done if topology.components[c].kind == "bolt"
-            and hasattr(topology.components[c].instance(), "end_of_input")]
+    return [c for c in done if topology.components[c].kind == "bolt" and has_hook(c)]
 
 
 class LocalEngine:
@@ -743,7 +747,8 @@ class LocalEngine:
         component (topological order) with an ``end_of_input`` hook an END marker per task,
         so its open windows close (Flink's MAX_WATERMARK); False once none is left."""
         if self._ending is None:
-            self._ending = end_of_input_order(self.topology)
+            hooked = {b.component for b in self.bolt_tasks if hasattr(b.bolt, "end_of_input")}
+            self._ending = end_of_input_order(self.topology, hooked.__contains__)
         if not self._ending:
             return False
         self.end_component(self._ending.pop(0))
