@@ -4,7 +4,10 @@ on a steady bursty source and on one whose capacity drops halfway through each r
 Setup, as in the document (figures 9 and 10), scaled to the machine:
 
 * a bursty synthetic source: ``per_period`` records in the first half of every 10 s
-  period and none in the second (the document's 600,000 records; ``--per-period``);
+  period and none in the second (the document's 600,000 records; ``--per-period``),
+  ``--periods`` bursts per run (4), the same seeded rows and burst times for every
+  controller; each run lasts until all of them are processed (or ``--drain-cap`` s
+  after the last arrives), so every controller does the same work;
 * a 1 s trigger; one stateless bolt whose work is linear in the record (a Python hash
   over the payload, 16..256 characters, ``--work`` rounds per character);
 * the controllers, each run on the same topology and source: ``fixed`` (a static cap,
@@ -17,7 +20,7 @@ Two scenarios, run in the same process with every controller interleaved:
 
 * ``steady``: the bursty source above;
 * ``capacity_drop``: the same source, but the per-row work doubles halfway through
-  each run (``--drop-factor``), so the capacity halves under a running query and the
+  the source's bursts (``--drop-factor``), so the capacity halves under a running query and the
   ``fixed`` cap, set from the capacity measured before, is twice too high.
 
 The document's source is sized against its cluster (the burst exceeds the average
@@ -37,8 +40,11 @@ passed (then the output and the JSON say which did not get there).
 Reported per scenario and controller (``scenarios.<s>.summary.<controller>``): mean,
 ci95 and p95 scheduling delay (derived from trigger times, ``runtime.spark.listener``)
 and processing time, over the batches after the warm-up (the first burst's ramp from
-slow start); throughput (source rows processed / run time, whole runs), the fraction of
-the offered rows processed, and rows still waiting at the end. ``capacity_drop`` also
+slow start); throughput (source rows processed / run time, whole runs: with the same
+rows offered to every controller and each run lasting until they are processed, a
+backlog costs its controller time, not rows dropped uncounted at a fixed end), the
+fraction of the offered rows processed, rows still waiting at the end and the runs the
+drain cap stopped (``runs_not_drained``). ``capacity_drop`` also
 has ``after_drop``: the same figures over the batches that started after the drop.
 ``main()`` writes ``bench/results/spark_rate_control.json`` and one PNG per scenario
 (``spark_rate_control_<scenario>.png``: every controller's scheduling delay and batch
@@ -64,6 +70,7 @@ from topo.sources import Bursty, SyntheticSpout
 from topo.topology import Topology, TopologyBuilder
 
 RESULTS = Path(__file__).parent / "results"
+PERIOD_S = 10.0   # the bursty source's period (a burst in its first half)
 CONTROLLERS = ("fixed", "pid", "doc001")
 SCENARIOS = ("steady", "capacity_drop")
 # Two-sided 95% Student t quantiles by degrees of freedom (1..30); 1.96 beyond.
@@ -98,7 +105,7 @@ def topology(per_period: int, rounds: int, partitions: int, total: int | None = 
              slow_from: float = math.inf) -> Topology:
     b = TopologyBuilder("spark-rate-control")
     if profile == "bursty":
-        spout = SyntheticSpout("bursty", per_period=per_period, period=10.0, burst_fraction=0.5,
+        spout = SyntheticSpout("bursty", per_period=per_period, period=PERIOD_S, burst_fraction=0.5,
                                partitions=partitions, total=total)
     else:
         spout = SyntheticSpout("constant", rate=rate, partitions=partitions, total=total)
@@ -174,22 +181,30 @@ def warm_up(spark: Any, rounds: int, partitions: int, interval_ms: float, second
 
 
 def run_controller(spark: Any, name: str, scenario: str, per_period: int, rounds: int, partitions: int,
-                   duration: float, capacity: float, interval_ms: float, warmup: float,
+                   periods: int, drain_cap: float, capacity: float, interval_ms: float, warmup: float,
                    drop_factor: int) -> dict[str, Any]:
-    """One run; figures over the batches after ``warmup`` seconds (the first burst's ramp)."""
+    """One run over the same work for every controller: the source offers ``periods``
+    bursts (``periods * per_period`` rows, the last burst ending at ``10 * periods - 5`` s)
+    and the run lasts until every row is processed, or ``drain_cap`` seconds after the
+    source's end. Throughput is the rows processed over the run's time, so a controller
+    that leaves a backlog pays for it in time instead of the backlog being dropped
+    uncounted at a fixed end. Delay figures are over the batches after ``warmup`` s."""
     from runtime.spark import engine
 
     cfg = base_config(interval_ms) | {"spark.rate_control": name}
     if name == "fixed":
         cfg["spark.max_rate_per_partition"] = capacity / partitions
-    drop_at = time.time() + duration / 2 if scenario == "capacity_drop" else math.inf
-    topo = topology(per_period, rounds, partitions, factor=drop_factor, slow_from=drop_at)
-    result = engine.run(topo, cfg, spark=spark, duration=duration)
+    offered_span = PERIOD_S * periods - PERIOD_S / 2           # the last row arrives then
+    drop_at = time.time() + offered_span / 2 if scenario == "capacity_drop" else math.inf
+    total = per_period * periods
+    topo = topology(per_period, rounds, partitions, total=total, factor=drop_factor, slow_from=drop_at)
+    result = engine.run(topo, cfg, spark=spark, duration=offered_span + drain_cap)
     first = min((b.submit for b in result.batches), default=0.0)
     kept = [b for b in result.batches if b.start >= first + warmup]
-    offered = Bursty(per_period).count_at(result.elapsed)
+    offered = min(total, Bursty(per_period).count_at(result.elapsed))
     run = {"batches": [b.as_dict() for b in result.batches], "kept": kept, "elapsed_s": result.elapsed,
-           "rows": result.input_rows, "offered": offered, "window_s": max(result.elapsed - warmup, 1e-9),
+           "rows": result.input_rows, "offered": offered, "total_rows": total,
+           "drained": result.input_rows >= total, "window_s": max(result.elapsed - warmup, 1e-9),
            "backlog_rows": max(0, offered - result.input_rows), "first_submit": first,
            "interval_s": interval_ms / 1000.0}
     if scenario == "capacity_drop":
@@ -217,9 +232,11 @@ def aggregate(runs: list[dict[str, Any]], part: str = "kept", window: str = "win
     kept = [b for r in runs for b in r[part]]
     out = summarize(kept, sum(r[window] for r in runs))
     if part == "kept":
-        # Throughput over whole runs: rows processed / run time (a window would count the
-        # backlog the warm-up left behind as throughput of the window).
+        # Throughput over whole runs: rows processed / run time, every run offered the same
+        # rows and lasting until they are processed (``run_controller``), so a backlog costs
+        # time; a window would count the backlog the warm-up left behind as its throughput.
         out["throughput_rows_per_s"] = sum(r["rows"] for r in runs) / sum(r["elapsed_s"] for r in runs)
+        out["runs_not_drained"] = sum(1 for r in runs if not r.get("drained", True))
         out["processed_fraction_of_offered"] = sum(r["rows"] for r in runs) / max(1, sum(r["offered"] for r in runs))
         out["backlog_rows_at_end"] = [r["backlog_rows"] for r in runs]
     del out["input_rows"], out["elapsed_s"]
@@ -326,8 +343,12 @@ def plot(scenario: str, runs: dict[str, dict[str, Any]], summaries: dict[str, An
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true",
-                   help="CI-sized: 20 s runs, 5 s warm-up, 2 repeats, 4 min cap (figures will not hold)")
-    p.add_argument("--duration", type=float, default=40.0, help="seconds per controller run")
+                   help="CI-sized: 2 periods per run, 5 s warm-up, 2 repeats, 4 min cap (figures will not hold)")
+    p.add_argument("--periods", type=int, default=4,
+                   help="bursts (10 s periods) the source offers per run; the run lasts until they are processed")
+    p.add_argument("--drain-cap", type=float, default=20.0,
+                   help="seconds a run may go on after the source's last row to process its backlog")
+    p.add_argument("--calibration-s", type=float, default=12.0, help="seconds per calibration run (two per round)")
     p.add_argument("--per-period", type=int, default=0, help="records per 10 s period; 0 = calibrate")
     p.add_argument("--burst-factor", type=float, default=1.6, help="burst rate / measured capacity")
     p.add_argument("--work", type=int, default=1, help="hash rounds per payload character")
@@ -346,7 +367,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="where the JSON and the PNGs go (tuning runs: elsewhere than the reported results)")
     a = p.parse_args(list(argv or []))
     if a.quick:
-        a.duration, a.warmup, a.min_repeats, a.max_repeats, a.time_cap = 20.0, 5.0, 2, 2, 240.0
+        a.periods, a.warmup, a.min_repeats, a.max_repeats, a.time_cap = 2, 5.0, 2, 2, 240.0
+    if a.periods < 1:
+        p.error(f"--periods: must be >= 1, got {a.periods}")
     for name in a.controllers.split(","):
         if name not in CONTROLLERS:
             p.error(f"--controllers: unknown controller {name!r}; expected some of {', '.join(CONTROLLERS)}")
@@ -387,7 +410,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             # machine moves it by an order of magnitude within minutes, and a cap or a
             # source sized from a stale figure would test a different regime. ``fixed``
             # gets it as a user sets a static cap: from a measurement just before.
-            capacity, fixed_cost, marginal = calibrate(spark, a.work, a.partitions, a.interval_ms)
+            capacity, fixed_cost, marginal = calibrate(spark, a.work, a.partitions, a.interval_ms, a.calibration_s)
             per_period = a.per_period or int(capacity * a.burst_factor * 5.0)
             rounds_setup.append({"capacity_rows_per_s": capacity, "per_period": per_period,
                                  "fixed_cost_per_batch_s": fixed_cost, "marginal_rows_per_s": marginal,
@@ -396,12 +419,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                   "first 5 s of every 10 s", flush=True)
             k = r % len(pairs)
             for scenario, name in pairs[k:] + pairs[:k]:   # rotate: the machine's load drifts
-                run = run_controller(spark, name, scenario, per_period, a.work, a.partitions, a.duration,
-                                     capacity, a.interval_ms, a.warmup, a.drop_factor)
+                run = run_controller(spark, name, scenario, per_period, a.work, a.partitions, a.periods,
+                                     a.drain_cap, capacity, a.interval_ms, a.warmup, a.drop_factor)
                 run["round"] = r
                 runs[scenario][name].append(run)
-                print(f"{scenario} {name} #{r}: mean sdelay {aggregate([run])['scheduling_delay_mean_ms']:.1f} ms",
-                      flush=True)
+                print(f"{scenario} {name} #{r}: mean sdelay {aggregate([run])['scheduling_delay_mean_ms']:.1f} ms, "
+                      f"{run['rows']:,} rows in {run['elapsed_s']:.1f} s"
+                      f"{'' if run['drained'] else ' (stopped by the drain cap)'}", flush=True)
             now = time.time()
             round_s, round_started = now - round_started, now
             if r + 1 < a.min_repeats:
@@ -433,7 +457,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     "load_average_1_5_15_at_end": list(os.getloadavg()), "nice": os.nice(0),
                     "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
                     "wall_time_s": time.time() - began, "commit": commit},
-        "setup": {"quick": a.quick, "duration_s": a.duration, "warmup_s": a.warmup, "rounds": rounds_setup,
+        "setup": {"quick": a.quick, "periods": a.periods, "drain_cap_s": a.drain_cap, "warmup_s": a.warmup,
+                  "calibration_s": a.calibration_s, "rounds": rounds_setup,
                   "period_s": 10.0, "burst_fraction": 0.5, "interval_ms": a.interval_ms, "work_rounds": a.work,
                   "drop_factor": a.drop_factor, "partitions": a.partitions, "master": a.master,
                   "target_ci95_fraction": a.target_ci,
@@ -472,14 +497,15 @@ def table(out: dict[str, Any]) -> str:
         for part, what in parts:
             lines += ["", f"`{scenario}`, batches {what}:", "",
                       "| controller | mean scheduling delay (ms) | ci95 (ms) | p95 (ms) | throughput (rows/s) | "
-                      "batches / past the next boundary | processing time mean / sd (ms) | repeats |",
+                      "batches / past the next boundary | processing time mean / sd (ms) | repeats (not drained) |",
                       "|---|---|---|---|---|---|---|---|"]
             for name, s in data[part].items():
                 half = s["scheduling_delay_ci95_ms"]
+                stuck = f" ({s['runs_not_drained']})" if s.get("runs_not_drained") else ""
                 lines.append(f"| {name} | {s['scheduling_delay_mean_ms']:.1f} | "
                              f"{'-' if half is None else f'{half:.1f}'} | {s['scheduling_delay_p95_ms']:.0f} | "
                              f"{s['throughput_rows_per_s']:,.0f} | {s['batches']} / {s['batches_past_next_boundary']} | "
-                             f"{s['processing_time_mean_ms']:.0f} / {s['processing_time_sd_ms']:.0f} | {s['repeats']} |")
+                             f"{s['processing_time_mean_ms']:.0f} / {s['processing_time_sd_ms']:.0f} | {s['repeats']}{stuck} |")
     lines += ["", "| goal | measured | |", "|---|---|---|"]
     for goal, g in out["goals"].items():
         r = g["ratio"]

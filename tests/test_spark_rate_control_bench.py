@@ -94,8 +94,17 @@ def test_goals_compare_doc001_with_pid_and_after_the_drop_with_fixed():
 
 def test_quick_and_bad_names():
     a = bench.parse_args(["--quick"])
-    assert (a.duration, a.min_repeats, a.max_repeats) == (20.0, 2, 2)
+    assert (a.periods, a.min_repeats, a.max_repeats) == (2, 2, 2)
     assert a.out_dir == bench.RESULTS
     assert bench.parse_args(["--out-dir", "elsewhere"]).out_dir == Path("elsewhere")
     with pytest.raises(SystemExit):
         bench.parse_args(["--controllers", "fixed,bogus"])
+
+
+def test_throughput_is_rows_over_the_run_time_and_undrained_runs_are_counted():
+    done = run([0, 0, 0, 0])                                  # 4,000 rows in 4 s, all offered rows processed
+    stuck = run([0, 0]) | {"elapsed_s": 6.0, "drained": False}  # 2,000 rows, stopped by the drain cap at 6 s
+    s = bench.aggregate([done, stuck])
+    assert s["throughput_rows_per_s"] == pytest.approx(6000 / 10)
+    assert s["runs_not_drained"] == 1
+    assert bench.aggregate([done])["runs_not_drained"] == 0
