@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from topo.config import resolve
+from topo.config import ConfigError, resolve
 from topo.examples.wordcount import expected_counts
 from topo.sinks import read_table
 from topo.topology import TopologyBuilder, TopologyError
@@ -188,10 +188,16 @@ def test_what_cannot_run_in_workers_is_one_line() -> None:
     b.spout("numbers", Numbers(1))
     b.bolt("pass", Pass()).shuffle("numbers")
     t = b.build()
-    with pytest.raises(TopologyError, match="^backpressure.adaptive.autoscale true: autoscaling adds tasks "
-                                            "within one process only; .* set it to auto or false "):
-        check_shippable(t, resolve(t.config, {"backpressure.adaptive.autoscale": True}))
-    check_shippable(t, resolve(t.config, {}))             # adaptive: autoscale auto adds no task across workers
+    check_shippable(t, resolve(t.config, {"backpressure.adaptive.autoscale": True}))   # autoscaling crosses workers
+    check_shippable(t, resolve(t.config, {}))
+    keyed = TopologyBuilder("k", {"backpressure.policy": "adaptive"})
+    keyed.spout("numbers", Numbers(1))
+    keyed.bolt("pass", Pass(), parallelism=2).fields("numbers", "n")
+    kt = keyed.build()
+    with pytest.raises(ConfigError, match=r"^config 'backpressure.adaptive.autoscale': bolt 'pass' is fed by fields "
+                                          r"grouping on \['n'\] but is not a KeyedBolt"):
+        check_shippable(kt, resolve(kt.config, {"backpressure.adaptive.autoscale": True}))
+    check_shippable(kt, resolve(kt.config, {}))         # auto: that bolt keeps its tasks
     for policy in ("source_stop", "watermark", "window"):          # these cross workers now
         check_shippable(t, resolve(t.config, {"backpressure.policy": policy, "acking": True}))
     with pytest.raises(TopologyError, match="spout 'numbers' keeps no offsets to resume from"):

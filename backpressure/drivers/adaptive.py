@@ -28,8 +28,11 @@ its task state (``shared_states``) the moment the flag changes, and once per hea
 every worker mirrors the other workers' flags and levels, and each upstream task is
 governed by its own worker from its downstream tasks' flags wherever those run. A
 task whose state vanished (its worker stopped or died) holds nothing. Autoscaling
-stays within one process: the supervisor refuses ``max_parallelism`` above a bolt's
-parallelism with workers (``runtime.local.workers.check_shippable``).
+crosses workers too: the scaler a worker's engine gives asks the supervisor, which
+carries a rescale out on every worker; ``add_task`` then returns a handle when the new
+task runs in this worker and its id when it runs in another. Every worker's engine
+reports each change of a component's tasks (``rescaled``, whoever asked), so every
+worker's counts, links and cool-downs follow the same tasks.
 """
 from __future__ import annotations
 
@@ -156,9 +159,9 @@ class AdaptiveFlowControl:
                     self._decided(self.autoscaler.request_out(comp, now))
         for comp, n in parallel.items():
             if n > self.autoscaler.initial.get(comp, 1) and comp not in self._scaling:
-                tasks = [t for t, h in self.handles.items() if h.component == comp]
-                ups = {u for t in tasks for u in self.handles[t].upstream_task_ids}
-                quiet = (not any(self.marks[t].flagged for t in tasks if t in self.marks)
+                tasks = [t for t, c in self.component_of.items() if c == comp]     # in any worker
+                ups = {u for u, ds in self.downstream.items() if any(d in tasks for d in ds)}
+                quiet = (not any((f := self._flag(t)) is not None and f.flagged for t in tasks)
                          and all(self.coefficients[u].coefficient >= 1.0 for u in ups if u in self.coefficients))
                 self._decided(self.autoscaler.consider_in(comp, quiet, now))
         for (up, comp), b in self.balancers.items():
@@ -220,8 +223,12 @@ class AdaptiveFlowControl:
         assert self.scaler is not None and self.autoscaler is not None
         if d.kind == SCALE_OUT:
             h = await self.scaler.add_task(d.component)
+            if isinstance(h, int):                     # added in another worker (``rescaled`` linked it)
+                self._carried_out(d)
+                return
             if h is not None:
-                self._add(h)
+                if h.task_id not in self.handles:
+                    self._add(h)
                 self._carried_out(d)
                 return
         else:
@@ -230,8 +237,13 @@ class AdaptiveFlowControl:
                 self.forget(gone)
                 self._carried_out(d)
                 return
-        # declined: the count goes back
-        self.autoscaler.parallelism[d.component] += -1 if d.kind == SCALE_OUT else 1
+        # declined: the count goes back (to the engine's, where it keeps one: across workers
+        # another worker's request may have changed it meanwhile)
+        count = getattr(self.scaler, "task_count", None)
+        if count is not None:
+            self.autoscaler.parallelism[d.component] = count(d.component)
+        else:
+            self.autoscaler.parallelism[d.component] += -1 if d.kind == SCALE_OUT else 1
 
     def _carried_out(self, d: ScaleDecision) -> None:
         """The engine did it (after a drain, perhaps): count it and restart the cool-down, so
@@ -266,7 +278,40 @@ class AdaptiveFlowControl:
                         if up in self.handles:
                             self._link(up, t, comp)
 
+    def rescaled(self, component: str, tasks: Sequence[int], added: TaskHandle | None = None) -> None:
+        """The engine's word that ``component`` now has ``tasks`` (any worker's rescale, or
+        the layout a restarted worker was built from): count, links and cool-down follow;
+        ``added`` is the new task's handle when it runs in this process."""
+        known = [t for t, c in self.component_of.items() if c == component]
+        for t in known:
+            if t not in tasks:
+                self.forget(t)
+        for t in tasks:
+            if t in known:
+                continue
+            if added is not None and added.task_id == t:
+                self._add(added)
+                continue
+            self.component_of[t] = component
+            inputs = self.graph[component][2] if self.graph is not None and component in self.graph else ()
+            for up, c in list(self.component_of.items()):
+                if c in inputs and up in self.handles:
+                    self._link(up, t, component)
+        if self.autoscaler is not None:
+            self.autoscaler.parallelism[component] = len(tasks)
+            self.autoscaler.completed(component, self.clock())
+        self._share_local()
+
+    def _share_local(self) -> None:
+        """Across workers: publish the states of exactly the tasks this process now runs."""
+        if self.shared is not None and self.shared.local != frozenset(self.handles):
+            self.shared.local = frozenset(self.handles)
+            for t in self.handles:
+                self.shared.publish(t)
+
     def _link(self, up: int, task: int, component: str) -> None:
+        if task in self.downstream.get(up, ()):
+            return
         self.downstream.setdefault(up, []).append(task)
         self.coefficients.setdefault(up, RateCoefficient(self.params))
         b = self.balancers.get((up, component))
@@ -276,23 +321,24 @@ class AdaptiveFlowControl:
             b.resize([*b.shares, task])
 
     def forget(self, task_id: int) -> None:
-        """A task is gone (scaled in, or died): its flag no longer holds its upstreams, and
-        as an upstream it neither checks flags nor balances any more."""
-        h = self.handles.pop(task_id, None)
+        """A task is gone (scaled in, or died; in this worker or another): its flag no
+        longer holds its upstreams, and as an upstream it neither checks flags nor
+        balances any more."""
+        self.handles.pop(task_id, None)
         self.marks.pop(task_id, None)
         self.downstream.pop(task_id, None)
         self.coefficients.pop(task_id, None)
+        self.remote.pop(task_id, None)
+        component = self.component_of.pop(task_id, None)
         for key in [k for k in self.balancers if k[0] == task_id]:
             del self.balancers[key]
-        if h is None:
-            return
-        for up in h.upstream_task_ids:
-            ds = self.downstream.get(up, [])
+        for up, ds in self.downstream.items():
             if task_id in ds:
                 ds.remove(task_id)
-            b = self.balancers.get((up, h.component))
-            if b is not None:
-                b.resize([t for t in b.shares if t != task_id])
+                b = self.balancers.get((up, component)) if component is not None else None
+                if b is not None:
+                    b.resize([t for t in b.shares if t != task_id])
+        self._share_local()
 
     # --- across worker processes ------------------------------------------------------
     def _on_remote(self, task: int, state: TaskState | None) -> None:
@@ -305,7 +351,9 @@ class AdaptiveFlowControl:
     def state_of(self, task: int) -> TaskState:
         """What this worker publishes for one of its tasks: a bolt's flag, generation and level."""
         assert self.shared is not None
-        h = self.handles[task]
+        h = self.handles.get(task)
+        if h is None:                                   # scaled in a moment ago: holds nothing
+            return TaskState(task=task, version=self.shared.version(), ts=time.time())
         m = self.marks.get(task)
         rc = self.coefficients.get(task)
         rate = rc.rate() if rc is not None else None

@@ -32,8 +32,10 @@ from backpressure.seams import FlowControl
 from runtime.local.acker import Acker
 from runtime.local.deadletter import DeadLetterWriter
 from runtime.local.outbox import Outbox, StreamRoutes
+from runtime.local.placement import Layout
 from runtime.local.queue import ByteQueue
 from runtime.local.send_windows import SendWindows
+from runtime.local.fence import HeldQueue
 from runtime.local.checkpoint_store import CheckpointStore
 from runtime.local.checkpoints import Checkpointer, topology_fingerprint
 from runtime.local.tasks import END_MARKER, TICK_MARKER, BoltTask, Rollback, RunState, SpoutTask, TaskWiring
@@ -97,12 +99,63 @@ def end_of_input_order(topology: Topology, has_hook: Callable[[str], bool] | Non
     return [c for c in done if topology.components[c].kind == "bolt" and has_hook(c)]
 
 
+def scalable_components(topology: Topology, config: ResolvedConfig) -> frozenset[str]:
+    """The bolts an adaptive run may grow (with ``backpressure.policy: adaptive``).
+
+    ``backpressure.adaptive.autoscale: auto`` leaves out, with one log line each, the
+    bolts whose state a rescale could not keep exact; ``true`` refuses the topology in
+    one line instead; ``false`` scales nothing."""
+    mode = config["backpressure.adaptive.autoscale"]
+    if mode == "false":
+        return frozenset()
+    key, top = "backpressure.adaptive.max_parallelism", config["backpressure.adaptive.max_parallelism"]
+    chosen = set()
+    for c in topology.bolts:
+        if top <= c.parallelism:
+            continue
+        obstacle = scaling_obstacle(topology, config, c.id)
+        if obstacle is None:
+            chosen.add(c.id)
+        elif mode == "true":
+            raise ConfigError("backpressure.adaptive.autoscale", "true",
+                              f"{obstacle}: set it to auto (autoscale only the bolts it can keep exact), "
+                              f"false, or {key} to at most {c.parallelism}")
+        else:
+            log.info("adaptive: bolt %r keeps its %d task(s): %s", c.id, c.parallelism, obstacle)
+    return frozenset(chosen)
+
+
+def keyed_inputs(topology: Topology, component: str) -> list[FieldsGrouping]:
+    """The fields groupings ``component`` reads through (its key groups move when it rescales)."""
+    return [i.grouping for i in topology.components[component].inputs if isinstance(i.grouping, FieldsGrouping)]
+
+
+def scaling_obstacle(topology: Topology, config: ResolvedConfig, component: str) -> str | None:
+    """Why autoscaling ``component`` could not keep results exact, or None."""
+    if config["checkpoint.interval_ms"] is not None:
+        return "autoscaling cannot run with checkpoints (a checkpoint holds a fixed set of tasks)"
+    keyed = keyed_inputs(topology, component)
+    if not keyed:
+        return None
+    bolt = topology.components[component].instance()
+    for g in keyed:
+        if not isinstance(bolt, KeyedBolt):
+            return (f"bolt {component!r} is fed by fields grouping on {list(g.fields)} but is not a "
+                    f"KeyedBolt, so autoscaling could not move its state with its keys")
+        if tuple(bolt.key_fields) != g.fields:
+            return (f"bolt {component!r} is grouped on {list(g.fields)} but its key_fields are "
+                    f"{list(bolt.key_fields)}: autoscaling moves keys by the grouping fields, so they "
+                    f"must be equal")
+    return None
+
+
 class LocalEngine:
     def __init__(self, topology: Topology, config: dict[str, Any] | None = None, *,
                  flow: FlowControl | None = None, services: Sequence[Service] = (),
-                 network: WorkerNetwork | None = None) -> None:
+                 network: WorkerNetwork | None = None, layout: Layout | None = None) -> None:
         self.topology = topology
         self.network = network   # set when this engine is one worker process of several
+        self.layout = layout     # ... and the tasks as autoscaling left them (a restarted worker)
         self.config: ResolvedConfig = (config if isinstance(config, ResolvedConfig)
                                        else resolve(topology.config, config or {}))
         cfg = self.config
@@ -137,6 +190,7 @@ class LocalEngine:
         self._drained_ms = 0.0
         # (what, component, tasks after, ms the topology was paused to drain: 0 without a pause)
         self.rescales: list[tuple[str, str, int, float]] = []
+        self._held: dict[int, HeldQueue] = {}     # a keyed rescale across workers: targets fenced off
         self._build()
         self.checkpointer: Checkpointer | None = self._make_checkpointer()
 
@@ -147,6 +201,9 @@ class LocalEngine:
         for c in topo.components.values():
             self.task_ids[c.id] = list(range(next_id, next_id + c.parallelism))
             next_id += c.parallelism
+        if self.layout is not None:      # tasks added (or removed) by autoscaling before a restart
+            self.task_ids = {c: list(ids) for c, ids in self.layout.task_ids.items()}
+            next_id = self.layout.next_id
         ids = self.task_ids
         net = self.network
         bound = cfg["queue.hard_bound"]
@@ -171,6 +228,11 @@ class LocalEngine:
             owners = [r.key_owners for _, r in self._edges.get(comp, ()) if r.key_owners is not None]
             if owners:
                 self.key_owners[comp] = list(owners[0])
+        if self.layout is not None:
+            for comp, owners in self.layout.key_owners.items():
+                if comp in self.key_owners:
+                    self.key_owners[comp] = list(owners)
+                    self._retarget_to(comp, owners)
 
     def _make_task(self, c: Any, tid: int, index: int) -> SpoutTask | BoltTask:
         """One task of component ``c``, wired to the current tasks of its neighbours."""
@@ -256,51 +318,10 @@ class LocalEngine:
     # on: exact, at the cost of draining that component (bench/rescale_pause.py).
 
     def _scalable_components(self) -> frozenset[str]:
-        """Bolts a flow control with a ``scaler`` may grow (one process only).
-
-        ``backpressure.adaptive.autoscale: auto`` leaves out, with one log line each, the
-        bolts whose state a rescale could not keep exact; ``true`` refuses the topology
-        in one line instead; ``false`` scales nothing."""
-        mode = self.config["backpressure.adaptive.autoscale"]
-        if not hasattr(self.flow, "scaler") or self.network is not None or mode == "false":
+        """Bolts a flow control with a ``scaler`` may grow (in one process or across workers)."""
+        if not hasattr(self.flow, "scaler"):
             return frozenset()
-        key, top = "backpressure.adaptive.max_parallelism", self.config["backpressure.adaptive.max_parallelism"]
-        chosen = set()
-        for c in self.topology.bolts:
-            if top <= c.parallelism:
-                continue
-            obstacle = self._scaling_obstacle(c.id)
-            if obstacle is None:
-                chosen.add(c.id)
-            elif mode == "true":
-                raise ConfigError("backpressure.adaptive.autoscale", "true",
-                                  f"{obstacle}: set it to auto (autoscale only the bolts it can keep exact), "
-                                  f"false, or {key} to at most {c.parallelism}")
-            else:
-                log.info("adaptive: bolt %r keeps its %d task(s): %s", c.id, c.parallelism, obstacle)
-        return frozenset(chosen)
-
-    def _keyed_inputs(self, component: str) -> list[FieldsGrouping]:
-        return [i.grouping for i in self.topology.components[component].inputs
-                if isinstance(i.grouping, FieldsGrouping)]
-
-    def _scaling_obstacle(self, component: str) -> str | None:
-        """Why autoscaling ``component`` could not keep results exact, or None."""
-        if self.config["checkpoint.interval_ms"] is not None:
-            return "autoscaling cannot run with checkpoints (a checkpoint holds a fixed set of tasks)"
-        keyed = self._keyed_inputs(component)
-        if not keyed:
-            return None
-        bolt = self.topology.components[component].instance()
-        for g in keyed:
-            if not isinstance(bolt, KeyedBolt):
-                return (f"bolt {component!r} is fed by fields grouping on {list(g.fields)} but is not a "
-                        f"KeyedBolt, so autoscaling could not move its state with its keys")
-            if tuple(bolt.key_fields) != g.fields:
-                return (f"bolt {component!r} is grouped on {list(g.fields)} but its key_fields are "
-                        f"{list(bolt.key_fields)}: autoscaling moves keys by the grouping fields, so they "
-                        f"must be equal")
-        return None
+        return scalable_components(self.topology, self.config)
 
     async def add_task(self, component: str) -> BoltTask | None:
         """One more task of bolt ``component``, routed to by every upstream once it runs."""
@@ -322,31 +343,42 @@ class LocalEngine:
             return task
 
     def _start_task(self, component: str) -> BoltTask | None:
-        c = self.topology.components[component]
         tid = self._next_id
         self._next_id += 1
         self.task_ids[component].append(tid)
+        task = self.open_task(component, tid)
+        if task is None:
+            self.task_ids[component].remove(tid)
+            return None
+        self._retarget(component)
+        if component in self.key_owners:
+            self._move_keys(component, [b for b in self.bolt_tasks if b.component == component])
+        self._link_downstream(tid, component, add=True)
+        log.info("autoscaling: %r now has %d tasks (task %d added)", component, len(self.task_ids[component]), tid)
+        return task
+
+    def open_task(self, component: str, tid: int) -> BoltTask | None:
+        """Task ``tid`` of bolt ``component`` made, prepared and running, with its own queue;
+        no upstream routes to it yet. None (logged) if its ``prepare`` raised."""
+        c = self.topology.components[component]
         self.queues[tid] = self.targets[tid] = ByteQueue(self.config["queue.hard_bound"])
+        if self.network is not None:
+            self.network.owner[tid] = self.network.worker
         self._all_tasks = self._all_tasks | {tid}
-        task = self._make_task(c, tid, len(self.task_ids[component]) - 1)
+        ids = self.task_ids[component]
+        task = self._make_task(c, tid, ids.index(tid) if tid in ids else len(ids))
         assert isinstance(task, BoltTask)
         try:
             task.bolt.prepare(task.context, task.collector)
         except Exception as exc:
             log.warning("autoscaling: a new task of %r failed to prepare (%s: %s); not added",
                         component, type(exc).__name__, exc)
-            self.task_ids[component].remove(tid)
             del self.queues[tid], self.targets[tid]
+            self._all_tasks = self._all_tasks - {tid}
             self._forget_edges_of(task.outbox)
             return None
-        self._retarget(component)
-        if component in self.key_owners:
-            self._move_keys(component, [*(b for b in self.bolt_tasks if b.component == component), task])
-        self._link_downstream(tid, component, add=True)
         self._add_task_object(task)
-        run = asyncio.create_task(task.run(), name=f"{component}:{tid}")
-        self._bolt_runs.append(run)
-        log.info("autoscaling: %r now has %d tasks (task %d added)", component, len(self.task_ids[component]), tid)
+        self._bolt_runs.append(asyncio.create_task(task.run(), name=f"{component}:{tid}"))
         return task
 
     async def remove_task(self, component: str) -> int | None:
@@ -384,10 +416,14 @@ class LocalEngine:
 
     def _retarget(self, component: str) -> None:
         """Every router into ``component`` switches to its current tasks (and key owners)."""
-        ids = self.task_ids[component]
         owners = None
         if component in self.key_owners:
-            owners = self.key_owners[component] = spread_key_groups(self.key_owners[component], ids)
+            owners = self.key_owners[component] = spread_key_groups(self.key_owners[component],
+                                                                    self.task_ids[component])
+        self._retarget_to(component, owners)
+
+    def _retarget_to(self, component: str, owners: Sequence[int] | None) -> None:
+        ids = self.task_ids[component]
         for outbox, r in self._edges.get(component, ()):
             if r.retarget is not None:
                 r.retarget(list(ids), owners)
@@ -516,6 +552,213 @@ class LocalEngine:
 
         return await self._settle(still)
 
+    # --- autoscaling across worker processes: the steps a supervisor asks for ----------
+    # ``runtime.local.rescaling`` runs them on every worker in turn (its docstring says why
+    # in this order); each is one synchronous step of this worker's event loop, except
+    # ``retire_task``.
+
+    def task_count(self, component: str) -> int:
+        """How many tasks ``component`` has now (the adaptive driver's count after a decline)."""
+        return len(self.task_ids.get(component, ()))
+
+    def fence(self, component: str) -> None:
+        """Spouts hold, and every batch this worker sends towards ``component``'s tasks waits
+        at a ``HeldQueue`` until ``apply_tasks`` (or ``unfence``) routes it again."""
+        self.run_state.paused = True
+        for tid in self.task_ids[component]:
+            q = self.targets.get(tid)
+            if q is not None and tid not in self._held:
+                self._held[tid] = HeldQueue(q.inner if isinstance(q, HeldQueue) else q)
+                self.targets[tid] = self._held[tid]
+
+    def keyed_still(self, component: str) -> int | None:
+        """After ``fence``: None while a tuple this worker sent may still be on its way to
+        ``component`` or one of its tasks here has work; else their executed count."""
+        ids = set(self.task_ids[component])
+        for tid, q in self._held.items():
+            if tid in ids and not isinstance(q.inner, ByteQueue) and q.inner.bytes:
+                return None              # on the wire to another worker, not yet credited
+        mine = [b for b in self.bolt_tasks if b.component == component]
+        for b in mine:
+            if b.queue.count or not b.waiting:
+                return None
+        return sum(b.stats.executed for b in mine)
+
+    def take_keys_for(self, component: str, owners: Sequence[int]) -> list[list[Any]]:
+        """``[from task, to task, key, state]`` for each key of this worker's tasks of
+        ``component`` whose group gets another owner; the state leaves its task."""
+        out: list[list[Any]] = []
+        for b in self.bolt_tasks:
+            if b.component != component:
+                continue
+            tid = b.task_id
+            assert isinstance(b.bolt, KeyedBolt)
+            for k, v in b.bolt.take_keys(lambda k, tid=tid: owners[key_group(k)] != tid):
+                out.append([tid, owners[key_group(k)], k, v])
+        return out
+
+    def give_keys_to(self, items: Sequence[Sequence[Any]]) -> int:
+        """``[to task, key, state]``: each key's state to its new owner (a task of this worker)."""
+        bolts = {b.task_id: b.bolt for b in self.bolt_tasks}
+        for dst, k, v in items:
+            bolts[dst].give_keys([(k, v)])   # type: ignore[attr-defined]
+        return len(items)
+
+    def apply_tasks(self, component: str, ids: Sequence[int], owners: Sequence[int] | None,
+                    where: dict[int, int]) -> None:
+        """``component``'s tasks are now ``ids`` (``where``: the worker of each), and its key
+        groups ``owners``: every router here switches, held batches and pending lanes go
+        by the new routes, and the fence (if any) is lifted."""
+        net = self.network
+        old = list(self.task_ids[component])
+        for tid, w in where.items():
+            if net is not None:
+                net.owner[tid] = w
+                if tid not in self.targets and not net.local(tid):
+                    self.targets[tid] = net.remote_queue(tid, self.config["queue.hard_bound"])
+        self.task_ids[component] = list(ids)
+        if owners is not None:
+            self.key_owners[component] = list(owners)
+        self._retarget_to(component, owners)
+        if self._held:
+            self._reroute_lanes(component, {*old, *ids})
+        for tid in ids:
+            if tid not in old:
+                self._link_downstream(tid, component, add=True)
+        self.unfence(component)
+        added = next((b for b in self.bolt_tasks if b.task_id in ids and b.task_id not in old), None)
+        rescaled = getattr(self.flow, "rescaled", None)
+        if rescaled is not None:
+            rescaled(component, list(ids), added)
+
+    def _routes_into(self, component: str) -> dict[tuple[int, str], tuple[Outbox, Router]]:
+        """(sending task, stream) -> its outbox and router into ``component``."""
+        found: dict[tuple[int, str], tuple[Outbox, Router]] = {}
+        for outbox, r in self._edges.get(component, ()):
+            for stream, routes in outbox.streams.items():
+                if any(x is r for x in routes.routers):
+                    found[(outbox.task_id, stream)] = (outbox, r)
+        return found
+
+    def _reroute_lanes(self, component: str, tasks: set[int]) -> None:
+        """Tuples still in a lane towards a task of ``component`` (``tasks``: its tasks before
+        and after) go to the lane their key's owner has now (one synchronous pass: order
+        per key is kept)."""
+        routes = self._routes_into(component)
+        for outbox in {id(o): o for o, _ in self._edges.get(component, ())}.values():
+            moved = False
+            for lane in list(outbox.lanes.values()):
+                if lane.target not in tasks or not lane.batch:
+                    continue
+                keep = []
+                for t in lane.batch:
+                    found = routes.get((outbox.task_id, t.origin.stream))
+                    if found is None or found[1].broadcast:
+                        keep.append(t)
+                        continue
+                    r = found[1]
+                    target = r.targets[r.select(t.values)]
+                    if target == lane.target:
+                        keep.append(t)
+                    else:
+                        outbox.lanes[target].batch.append(t)
+                        moved = True
+                lane.batch[:] = keep
+            if moved:
+                for _, r in self._edges.get(component, ()):
+                    outbox.retarget(r)      # lanes of targets no router uses any more go
+
+    def unfence(self, component: str) -> None:
+        """Lift the fence: each held batch, and each put into a fenced target until every
+        outbox feeding ``component`` began a new flush, is routed by the routers as they
+        are now (``fence.HeldQueue``)."""
+        routes = self._routes_into(component)
+        held, self._held = self._held, {}
+        for hq in held.values():
+            hq.lift(functools.partial(self._route_again, routes, hq.inner))
+        outboxes = {id(o): o for o, _ in self._edges.get(component, ())}
+        if not outboxes:
+            self._unwrap(held)
+            return
+        waiting = set(outboxes)
+
+        def flushing(key: int, outbox: Outbox, inner: Callable[[], None] | None) -> None:
+            outbox.before_flush = inner          # (its own hook, if any, back in place)
+            if inner is not None:
+                inner()
+            waiting.discard(key)
+            if not waiting:
+                self._unwrap(held)
+
+        for key, outbox in outboxes.items():
+            outbox.before_flush = functools.partial(flushing, key, outbox, outbox.before_flush)
+
+    def _unwrap(self, held: dict[int, HeldQueue]) -> None:
+        """No flush from before a rescale is left: its fenced targets are plain queues again
+        (or gone, for a task removed meanwhile)."""
+        live = {t for ids in self.task_ids.values() for t in ids} | set(self.queues)
+        for tid, hq in held.items():
+            if self.targets.get(tid) is hq:
+                if tid in live:
+                    self.targets[tid] = hq.inner
+                else:
+                    del self.targets[tid]
+
+    async def _route_again(self, routes: dict[tuple[int, str], tuple[Outbox, Router]], fallback: Any,
+                           batch: list[Any]) -> int:
+        parts: dict[int, list[Any]] = {}
+        outbox = None
+        for t in batch:
+            found = routes.get((t.origin.task, t.origin.stream))
+            if found is None:
+                parts.setdefault(-1, []).append(t)
+                continue
+            outbox, r = found
+            parts.setdefault(r.targets[r.select(t.values)], []).append(t)
+        waited = 0
+        for tid, part in parts.items():
+            queue = fallback if tid == -1 else self.targets[tid]
+            if isinstance(queue, HeldQueue) and queue.lifted:
+                queue = queue.inner             # (a held batch of a fence lifted: routed already)
+            nbytes = outbox.batch_bytes(part) if outbox is not None else 0
+            waited += await queue.put(part, nbytes)
+        return waited
+
+    def task_drained(self, tid: int) -> int | None:
+        """None while this worker still has a tuple for task ``tid`` in a lane, on the wire,
+        or (its own task) queued or in execution; else its executed count (0 elsewhere)."""
+        for t in self.tasks:
+            lane = t.outbox.lanes.get(tid)
+            if lane is not None and lane.batch:
+                return None
+        q = self.targets.get(tid)
+        if q is not None and not isinstance(q, ByteQueue) and q.bytes:
+            return None
+        task = next((b for b in self.bolt_tasks if b.task_id == tid), None)
+        if task is None:
+            return 0
+        if task.queue.count or not task.waiting:
+            return None
+        return task.stats.executed
+
+    async def retire_task(self, tid: int) -> bool:
+        """Stop this worker's task ``tid`` (drained, routed to by nobody)."""
+        task = next((b for b in self.bolt_tasks if b.task_id == tid), None)
+        if task is None:
+            return False
+        wrapper = self.targets.get(tid)
+        await self._retire(task)
+        if isinstance(wrapper, HeldQueue):    # a flush from before the rescale may still look it up
+            self.targets[tid] = wrapper
+        return True
+
+    def forget_task(self, component: str, tid: int) -> None:
+        """Task ``tid`` of ``component`` (another worker's, or this one's) is gone."""
+        q = self.targets.get(tid)
+        if q is not None and not isinstance(q, HeldQueue) and tid not in self.queues:
+            del self.targets[tid]
+        self._link_downstream(tid, component, add=False)
+
     # --- send windows (seams.WindowGate, document 002) ---------------------------
     def _send_windows(self) -> SendWindows:
         """Gate every spout's flushes by the flow control's windows and tell it each outcome."""
@@ -636,6 +879,10 @@ class LocalEngine:
             if hasattr(self.flow, "window_gate") and self.acker is not None:
                 self.flow.window_gate = self._send_windows()    # per-tuple send windows (002)
             await self.flow.start(self.tasks)
+            rescaled = getattr(self.flow, "rescaled", None)
+            if self.layout is not None and rescaled is not None:   # tasks autoscaling added before a restart
+                for comp in self.scalable:
+                    rescaled(comp, list(self.task_ids[comp]), None)
         except BaseException:     # a refused claim, an unreachable ZooKeeper, a bad checkpoint
             self._close_components(self.tasks)
             self.dead_letters.close()

@@ -52,6 +52,7 @@ Metrics: with ``metrics.port`` set, worker ``i`` serves its own exporter on
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import multiprocessing as mp
 import pickle
@@ -59,6 +60,7 @@ import signal
 import tempfile
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -71,9 +73,10 @@ from topo.topology import Topology, TopologyError
 from topo.api import CheckpointError
 from runtime.local.checkpoint_store import CheckpointStore
 # (the checkpointer and Rollback are the engine's: reached through its module)
-from runtime.local.engine import (Checkpointer, LocalEngine, Rollback, RunResult, end_of_input_order,
-                                   topology_fingerprint)
-from runtime.local.placement import place
+from runtime.local.engine import (BoltTask, Checkpointer, LocalEngine, Rollback, RunResult, end_of_input_order,
+                                   keyed_inputs, scalable_components, topology_fingerprint)
+from runtime.local.placement import Layout
+from runtime.local.rescaling import Rescale, Rescaler
 from runtime.local.transport import WorkerNetwork
 from runtime.observe.prometheus import CollectorRegistry, MetricsService
 from runtime.observe.stats import TaskStats
@@ -86,10 +89,8 @@ _REPLY_TIMEOUT_S = 5.0
 
 def check_shippable(topology: Topology, config: dict[str, Any]) -> None:
     """What cannot run in worker processes, as one line."""
-    if config.get("backpressure.policy") == "adaptive" and config.get("backpressure.adaptive.autoscale") == "true":
-        raise TopologyError("backpressure.adaptive.autoscale true: autoscaling adds tasks within one process "
-                            "only; with workers > 1 set it to auto or false (adaptive then throttles and "
-                            "balances across workers without adding tasks)")
+    if config.get("backpressure.policy") == "adaptive":
+        scalable_components(topology, config)     # autoscale: true and a bolt it cannot keep exact: one line
     port, workers = int(config.get("metrics.port") or 0), int(config.get("workers") or 1)
     if port and port + workers - 1 > 65535:
         raise TopologyError(f"metrics.port {port}: worker i serves its metrics on metrics.port + i, and "
@@ -128,7 +129,61 @@ def fingerprint_of(topology: Topology) -> dict[str, Any]:
 class WorkerEngine(LocalEngine):
     """One worker's engine. With checkpoints on its checkpointer is driven: the supervisor
     takes every checkpoint as one global cut and writes it; this engine restores its own
-    tasks from it at start and rolls back (``Rollback``) when a tuple fails."""
+    tasks from it at start and rolls back (``Rollback``) when a tuple fails.
+
+    Autoscaling (``seams.Scaler``): the adaptive driver's requests go to the supervisor,
+    which carries them out on every worker (``runtime.local.rescaling``); ``add_task``
+    returns the new task's handle when it runs here, its id when it runs elsewhere."""
+
+    supervisor: Any = None             # the pipe to the supervisor (set by ``_worker``)
+    _requests: dict[int, "asyncio.Future[int | None]"]
+    _request_ids = itertools.count(1)
+
+    async def add_task(self, component: str) -> BoltTask | int | None:  # type: ignore[override]
+        tid = await self._ask_supervisor("add", component, self.task_count(component) + 1)
+        if tid is None:
+            return None
+        return next((b for b in self.bolt_tasks if b.task_id == tid), tid)
+
+    async def remove_task(self, component: str) -> int | None:
+        return await self._ask_supervisor("remove", component, self.task_count(component) - 1)
+
+    async def _ask_supervisor(self, kind: str, component: str, tasks_after: int) -> int | None:
+        """One request to the supervisor; None when it declines (another worker's request for
+        the same change came first, a bound, the run is stopping) or does not answer."""
+        if self.supervisor is None or component not in self.scalable or self.stopping:
+            return None
+        if not hasattr(self, "_requests"):
+            self._requests = {}
+        rid = next(self._request_ids)
+        fut: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+        self._requests[rid] = fut
+        try:
+            self.supervisor.send(("scale", rid, kind, component, tasks_after))
+            return await asyncio.wait_for(fut, 2 * self.config["drain_timeout_s"] + 30)
+        except (asyncio.TimeoutError, OSError):
+            return None
+        finally:
+            self._requests.pop(rid, None)
+
+    def answered(self, rid: int, task: int | None) -> None:
+        fut = getattr(self, "_requests", {}).get(rid)
+        if fut is not None and not fut.done():
+            fut.set_result(task)
+
+    def rescale_step(self, cmd: tuple[Any, ...]) -> tuple[str, Any]:
+        """One step of a rescale the supervisor runs (``rescaling``, all but ``rs_retire``):
+        the reply to send, ``(step, value)``; a step that returns nothing answers True."""
+        op, args = cmd[0], cmd[1:]
+        steps: dict[str, Any] = {
+            "rs_open": lambda c, t: self.open_task(c, t) is not None, "rs_fence": self.fence,
+            "rs_still": self.keyed_still, "rs_take": self.take_keys_for, "rs_give": self.give_keys_to,
+            "rs_apply": self.apply_tasks, "rs_unfence": self.unfence, "rs_drained": self.task_drained,
+            "rs_forget": self.forget_task, "rs_resume": self._resume}
+        if op not in steps:
+            raise ValueError(f"unknown rescale step {op!r}")
+        value = steps[op](*args)
+        return op, (True if value is None and op not in ("rs_still", "rs_drained") else value)
 
     def _make_checkpointer(self) -> Checkpointer | None:
         cfg = self.config
@@ -179,23 +234,25 @@ class WorkerMetrics(MetricsService):
         self.server.registry = registry
 
 
-def _worker_main(topology: Topology, config: dict[str, Any], worker: int, workers: int, directory: str,
+def _worker_main(topology: Topology, config: dict[str, Any], worker: int, layout: Layout, directory: str,
                  conn: Any) -> None:
     """Entry point of one worker process."""
     import uvloop
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format=f"worker {worker}: %(levelname)s %(name)s: %(message)s")
-    uvloop.run(_worker(topology, ResolvedConfig(config), worker, workers, directory, conn))
+    uvloop.run(_worker(topology, ResolvedConfig(config), worker, layout, directory, conn))
 
 
-async def _worker(topology: Topology, config: ResolvedConfig, worker: int, workers: int, directory: str,
+async def _worker(topology: Topology, config: ResolvedConfig, worker: int, layout: Layout, directory: str,
                   conn: Any) -> None:
-    placement = place(topology, workers, worker)
+    placement = layout.placement(worker)
     streams = {c.id: dict(c.outputs) for c in topology.components.values()}
-    network = WorkerNetwork(directory, worker, placement.owner, workers, streams)
+    network = WorkerNetwork(directory, worker, placement.owner, layout.workers, streams)
     exporter = WorkerMetrics.for_worker(config, worker)
-    engine = WorkerEngine(topology, config, network=network, services=[exporter] if exporter else [])
+    engine = WorkerEngine(topology, config, network=network, services=[exporter] if exporter else [],
+                          layout=layout)
+    engine.supervisor = conn
     checkpointer = engine.checkpointer
     loop = asyncio.get_running_loop()
 
@@ -225,6 +282,13 @@ async def _worker(topology: Topology, config: ResolvedConfig, worker: int, worke
                 checkpointer.complete(cmd[1])
         elif cmd[0] == "end":                     # a bounded run's end-of-input round
             engine.end_component(cmd[1])
+        elif cmd[0] == "scaled":                  # the supervisor's answer to this worker's request
+            engine.answered(cmd[1], cmd[2])
+        elif cmd[0] == "rs_retire":               # a rescale's last step: the task stops, then reply
+            task = loop.create_task(engine.retire_task(cmd[1]))
+            task.add_done_callback(lambda t: conn.send(("rs_retire", not t.cancelled() and t.exception() is None)))
+        elif cmd[0].startswith("rs_"):            # a rescale's other steps: one turn of this loop each
+            conn.send(engine.rescale_step(cmd))
         elif cmd[0] == "stop":
             engine.request_stop(cmd[1])
         elif cmd[0] == "finish":
@@ -281,10 +345,24 @@ class Supervisor:
     rollbacks: int = 0                 # in a row, without a checkpoint between
     signals: int = 0                   # SIGINT/SIGTERM received (``signalled``) ...
     signals_seen: int = 0              # ... and acted on by the supervisor's loop
+    # Autoscaling: every task as it stands (a restarted worker is built from it), the scale
+    # requests waiting (from the workers' adaptive drivers, or ``request_scale``), what was done.
+    layout: Layout | None = None
+    requests: deque[tuple[int | None, int, str, str, int | None]] = field(default_factory=deque)
+    rescales: list[Rescale] = field(default_factory=list)
+    on_phase: Any = None               # (phase, component) at each step of a rescale: for tests
+
+    def request_scale(self, component: str, kind: str) -> None:
+        """Add (``kind="add"``) or remove a task of ``component`` (any thread): done by the
+        supervisor's loop; the outcome is appended to ``rescales``."""
+        self.requests.append((None, 0, kind, component, None))
 
     def start(self) -> None:
         ctx = mp.get_context("spawn")
         self._ctx = ctx
+        self.layout = Layout.initial(self.topology, self.workers)
+        self._scalable = (scalable_components(self.topology, self.config)
+                          if self.config["backpressure.policy"] == "adaptive" else frozenset())
         self.coordinator, extra = serve_coordinator(self.config, self.directory)
         self.worker_config = {**self.config, **extra, WORKER_GRAPH: topology_graph(self.topology)}
         if self.config["checkpoint.interval_ms"] is not None:
@@ -301,8 +379,9 @@ class Supervisor:
 
     def _spawn(self, i: int, restarts: int = 0) -> _Worker:
         parent, child = self._ctx.Pipe()
+        assert self.layout is not None
         p = self._ctx.Process(target=_worker_main, name=f"topo-worker-{i}",
-                              args=(self.topology, self.worker_config, i, self.workers, self.directory, child),
+                              args=(self.topology, self.worker_config, i, self.layout, self.directory, child),
                               daemon=True)
         p.start()
         child.close()
@@ -321,6 +400,8 @@ class Supervisor:
                         if "records" in msg:
                             self.records[w.index] = [{**r, "worker": w.index} for r in msg.pop("records")]
                         return msg
+                    if self._scale_request(w, msg):
+                        continue
                     self._final(w, msg)
                     return None
                 if not w.process.is_alive():
@@ -328,6 +409,65 @@ class Supervisor:
         except (EOFError, OSError, BrokenPipeError):
             return None
         return None
+
+    def _scale_request(self, w: _Worker, msg: Any) -> bool:
+        """A worker's adaptive driver asks for a rescale: queued for the loop (True), or not one."""
+        if isinstance(msg, tuple) and msg and msg[0] == "scale":
+            _, rid, kind, component, tasks_after = msg
+            self.requests.append((w.index, rid, kind, component, tasks_after))
+            return True
+        return False
+
+    def _serve_requests(self) -> None:
+        """Carry out the queued rescales, one at a time (``rescaling.Rescaler``)."""
+        while self.requests:
+            worker, rid, kind, component, tasks_after = self.requests.popleft()
+            outcome = self._rescale(kind, component, tasks_after)
+            if outcome is not None:
+                self.rescales.append(outcome)
+            if worker is not None:
+                task = outcome.task if outcome is not None else None
+                try:
+                    self.procs[worker].conn.send(("scaled", rid, task))
+                except (OSError, BrokenPipeError):
+                    pass
+
+    def _rescale(self, kind: str, component: str, tasks_after: int | None) -> Rescale | None:
+        assert self.layout is not None
+        now = len(self.layout.task_ids.get(component, ()))
+        top = self.config["backpressure.adaptive.max_parallelism"]
+        if (self.stopping or component not in self._scalable
+                or (tasks_after is not None and tasks_after != now + (1 if kind == "add" else -1))):
+            return None       # not scalable, or another worker's request for this change came first
+        if kind == "add" and now >= top:
+            return Rescale(kind, component, None, now, why=f"backpressure.adaptive.max_parallelism {top}")
+        rescaler = Rescaler(self.layout, lambda c: bool(keyed_inputs(self.topology, c)), self._send_to,
+                            self._reply_from, self.config["drain_timeout_s"], on_phase=self.on_phase)
+        outcome = rescaler.add(component) if kind == "add" else rescaler.remove(component)
+        log.info("autoscaling: %s %r -> %s", kind, component, outcome)
+        return outcome
+
+    def _send_to(self, worker: int, cmd: tuple[Any, ...]) -> bool:
+        w = self.procs[worker]
+        if not w.process.is_alive():
+            return False
+        try:
+            w.conn.send(cmd)
+            return True
+        except (OSError, BrokenPipeError):
+            return False
+
+    def _reply_from(self, worker: int, kind: str) -> Any:
+        return self._await(self.procs[worker], kind)
+
+    def _decline_requests(self) -> None:
+        while self.requests:
+            worker, rid, *_ = self.requests.popleft()
+            if worker is not None:
+                try:
+                    self.procs[worker].conn.send(("scaled", rid, None))
+                except (OSError, BrokenPipeError):
+                    pass
 
     def _final(self, w: _Worker, msg: Any) -> None:
         if msg[0] == "result":
@@ -407,6 +547,13 @@ class Supervisor:
                 self._roll_back(rollback)
                 previous = None
                 continue
+            if self.requests:
+                if self.stopping:
+                    self._decline_requests()
+                elif len(reports) == len(self.procs):    # every worker up: rescale now
+                    self._serve_requests()
+                    previous = None
+                    continue
             if self.finish_now or (drain_deadline is not None and time.monotonic() >= drain_deadline):
                 return self._finish(False)
             if len(reports) == len(self.procs) and all(r["spouts_done"] and r["quiescent"] for r in reports):
@@ -484,6 +631,8 @@ class Supervisor:
                     msg = w.conn.recv()
                     if isinstance(msg, tuple) and msg and msg[0] == kind:
                         return msg
+                    if self._scale_request(w, msg):
+                        continue
                     if not isinstance(msg, dict):
                         self._final(w, msg)
                         return None
