@@ -16,8 +16,9 @@ Two variants, each compared like for like with Bytewax:
 
 Both topologies are shuffle then fields on ``word``, one task each, no sink; Bytewax
 reads a ``TestingSource`` in batches of 1000 in both. topo runs each variant with acking
-off and on. The bare chain is three asyncio tasks joined by ``asyncio.Queue(1000)``
-passing one item per sentence/word. One extra topo side keeps the topology earlier
+off and on, and with acking on at both granularities (``acking.granularity``: ``tuple``,
+Storm's edge per tuple; ``batch``, Trident's tree per spout batch). The bare chain is
+three asyncio tasks joined by ``asyncio.Queue(1000)`` passing one item per sentence/word. One extra topo side keeps the topology earlier
 figures were taken on (``SplitBolt`` -> ``CountBolt``, which emits a running count per word).
 
 Workers: ``topo run <spec> --quiet --workers N`` (wall time of the whole command,
@@ -91,11 +92,12 @@ class _BatchFinal(_Registered, BatchFinalCountBolt):
     pass
 
 
-async def run_topo(n: int, acking: bool, variant: str) -> tuple[float, Counter[str]]:
-    """``variant``: "per_tuple", "batch" or "running" (the running counts of earlier figures)."""
+async def run_topo(n: int, acking: bool, variant: str, granularity: str = "tuple") -> tuple[float, Counter[str]]:
+    """``variant``: "per_tuple", "batch" or "running" (the running counts of earlier figures);
+    ``granularity``: what one ack covers with acking on (``acking.granularity``)."""
     _Counts.registry = []
     b = TopologyBuilder("wc-bench", {"acking": acking, "backpressure.policy": "none",
-                                     "max_spout_pending": 5000})
+                                     "max_spout_pending": 5000, "acking.granularity": granularity})
     batch = variant == "batch"
     b.spout("sentences", SentenceSpout(repeat=n // len(DEFAULT_SENTENCES), batch=1000 if batch else 1))
     b.bolt("split", BatchSplitBolt() if batch else SplitBolt()).shuffle("sentences")
@@ -166,6 +168,8 @@ def measure(n: int = SENTENCES, repeats: int = REPEATS) -> dict[str, Any]:
         "topo_per_tuple_acking_on": lambda: uvloop.run(run_topo(n, True, "per_tuple")),
         "topo_batch_acking_off": lambda: uvloop.run(run_topo(n, False, "batch")),
         "topo_batch_acking_on": lambda: uvloop.run(run_topo(n, True, "batch")),
+        "topo_per_tuple_acking_on_batch_granularity": lambda: uvloop.run(run_topo(n, True, "per_tuple", "batch")),
+        "topo_batch_acking_on_batch_granularity": lambda: uvloop.run(run_topo(n, True, "batch", "batch")),
         "topo_running_counts_acking_off": lambda: uvloop.run(run_topo(n, False, "running")),
         "bare_asyncio_chain": lambda: uvloop.run(run_bare(n)),
         "bytewax_flat_map": lambda: run_bytewax(n, False),
@@ -192,6 +196,9 @@ def measure(n: int = SENTENCES, repeats: int = REPEATS) -> dict[str, Any]:
               "batch_acking_on_vs_bytewax": ("topo_batch_acking_on", "bytewax_flat_map_batch"),
               "per_tuple_acking_on_vs_off": ("topo_per_tuple_acking_on", "topo_per_tuple_acking_off"),
               "batch_acking_on_vs_off": ("topo_batch_acking_on", "topo_batch_acking_off"),
+              "per_tuple_batch_granularity_vs_off": ("topo_per_tuple_acking_on_batch_granularity",
+                                                     "topo_per_tuple_acking_off"),
+              "batch_batch_granularity_vs_off": ("topo_batch_acking_on_batch_granularity", "topo_batch_acking_off"),
               "batch_vs_per_tuple": ("topo_batch_acking_off", "topo_per_tuple_acking_off"),
               "per_tuple_vs_bare": ("topo_per_tuple_acking_off", "bare_asyncio_chain")}
     out["ratios"] = {k: med[a] / med[b] for k, (a, b) in ratios.items() if a in med and b in med}

@@ -10,12 +10,16 @@ it is the innermost call of every topology. Every emit mistake raises
 from __future__ import annotations
 
 import time
+from itertools import repeat
+from operator import attrgetter, is_
 from typing import Any, Callable, Sequence
 
 from topo.api import DEFAULT_STREAM, EmitError, Tuple, WireTuple
 from runtime.local.acker import Acker, Outcome
 from runtime.local.outbox import Outbox
 from runtime.observe.stats import TaskStats
+
+_cell = attrgetter("ackcell")
 
 # What a spout task keeps of each tracked root for replay: a plain tuple, made per emit.
 # (msg_id, values, stream, retries, born)
@@ -102,6 +106,74 @@ def untracked_emit_many(outbox: Outbox, counter: Any, acks: list[Any] | None, *,
     return emit_many_spout if spout else emit_many_bolt
 
 
+def spout_emit_many(outbox: Outbox, untracked_many: Callable[..., None],
+                    tracked: Callable[[Sequence[Sequence[Any]], str, Sequence[Any]], None]) -> Callable[..., None]:
+    """A spout's tracking ``emit_many``: without ``msg_ids`` untracked, with them (one per
+    values, checked) through ``tracked(values_list, stream, msg_ids)``."""
+
+    def emit_many(values_list: Sequence[Sequence[Any]], stream: str = DEFAULT_STREAM,
+                  msg_ids: Sequence[Any] | None = None) -> None:
+        if msg_ids is None:
+            return untracked_many(values_list, stream)
+        if len(msg_ids) != len(values_list):
+            raise count_mismatch_error(outbox.component, values_list, msg_ids, "msg_ids")
+        tracked(values_list, stream, msg_ids)
+
+    return emit_many
+
+
+class SpoutBatch:
+    """A spout batch under batch granularity: one root for every tracked tuple the spout
+    emitted between two closes, kept for ``Spout.ack``/``fail`` of each and the replay."""
+
+    __slots__ = ("root", "roots", "cell", "msg_ids", "values", "streams", "retries", "born")
+
+    def __init__(self, root: int, retries: int, born: float) -> None:
+        self.root = root
+        self.roots = (root,)
+        self.cell = [0]          # the XOR of its groups' edge ids: the root's first ledger value
+        self.msg_ids: list[Any] = []
+        self.values: list[Sequence[Any]] = []
+        self.streams: list[str] = []
+        self.retries = retries
+        self.born = born
+
+
+def _nothing(*args: Any) -> None:
+    return None
+
+
+def new_root(getrandbits: Callable[[int], int], acker: Acker) -> int:
+    """A fresh root id; with workers its low byte names the worker whose acker owns it."""
+    root = getrandbits(64) or 1
+    if acker.forward_ack is not None:
+        root = (root >> 8 << 8 | acker.root_tag) or 256
+    return root
+
+
+def emit_of(emits: dict[str, Callable[..., Any]], outbox: Outbox) -> Callable[[str], Callable[..., Any]]:
+    """``emits[stream]``, an unknown stream being an ``EmitError``."""
+    unknown = outbox.unknown_stream
+
+    def of(stream: str) -> Callable[..., Any]:
+        e = emits.get(stream)
+        if e is None:
+            raise unknown(stream)
+        return e
+
+    return of
+
+
+def untracked_by_stream(outbox: Outbox) -> Callable[[Sequence[Any], str], None]:
+    """Send ``values`` untracked on ``stream`` (an unknown stream is an ``EmitError``)."""
+    untracked_of = emit_of(outbox.untracked, outbox)
+
+    def send(values: Sequence[Any], stream: str) -> None:
+        untracked_of(stream)(values, 0.0)
+
+    return send
+
+
 class SpoutCollector:
     """The collector a spout emits through (``SpoutOutputCollector``).
 
@@ -112,58 +184,108 @@ class SpoutCollector:
     when it replays).
     """
 
-    __slots__ = ("emit", "emit_many", "emitted")
+    __slots__ = ("emit", "emit_many", "emitted", "batch", "pending_tuples", "close_batch", "replay")
 
-    def __init__(self, outbox: Outbox, *, acker: Acker | None, pending: dict[int, Pending],
+    def __init__(self, outbox: Outbox, *, acker: Acker | None, pending: dict[int, Any],
                  on_outcome: Outcome, getrandbits: Callable[[int], int],
-                 untracked_acks: list[Any] | None) -> None:
+                 untracked_acks: list[Any] | None, batches: bool = False) -> None:
         self.emitted = 0
+        self.batch: SpoutBatch | None = None   # the spout batch open (batch granularity)
+        self.pending_tuples = 0                # tracked tuples of the batches in ``pending``
+        self.close_batch: Callable[[], None] = _nothing
+        self.replay: Callable[[SpoutBatch], None] = _nothing
         untracked_many = untracked_emit_many(outbox, self, untracked_acks, spout=True)
         if acker is None:
             self.emit = untracked_emit(outbox, self, untracked_acks)
             self.emit_many = untracked_many
+        elif batches:
+            self._batch_emits(outbox, acker, pending, on_outcome, getrandbits, untracked_many)
         else:
             self.emit = emit = self._tracked_emit(outbox, acker, pending, on_outcome, getrandbits)
 
-            def emit_many(values_list: Sequence[Sequence[Any]], stream: str = DEFAULT_STREAM,
-                          msg_ids: Sequence[Any] | None = None) -> None:
+            def roots_one_by_one(values_list: Sequence[Sequence[Any]], stream: str, msg_ids: Sequence[Any]) -> None:
                 """Tracked roots are opened one by one (each has its own ledger entry)."""
-                if msg_ids is None:
-                    return untracked_many(values_list, stream)
-                if len(msg_ids) != len(values_list):
-                    raise count_mismatch_error(outbox.component, values_list, msg_ids, "msg_ids")
                 for values, msg_id in zip(values_list, msg_ids):
                     emit(values, stream, msg_id)
 
-            self.emit_many = emit_many
+            self.emit_many = spout_emit_many(outbox, untracked_many, roots_one_by_one)
+
+    def _batch_emits(self, outbox: Outbox, acker: Acker, pending: dict[int, Any], on_outcome: Outcome,
+                     getrandbits: Callable[[int], int], untracked_many: Callable[..., None]) -> None:
+        """Batch granularity: every tracked emit joins the open spout batch (one root), whose
+        tuples join their lanes' ack groups; ``close_batch`` opens the root in the acker
+        (the spout task calls it after each round of ``next_tuple`` calls, and the outbox
+        before any batch leaves)."""
+        collector = self
+        grouped, grouped_of, grouped_many_of = outbox.grouped, emit_of(outbox.grouped, outbox), emit_of(outbox.grouped_many, outbox)
+        send_untracked = untracked_by_stream(outbox)
+        open_root = acker.open
+        perf = time.perf_counter
+
+        def start(retries: int) -> SpoutBatch:
+            b = collector.batch = SpoutBatch(new_root(getrandbits, acker), retries, perf())
+            return b
+
+        def close_batch() -> None:
+            b = collector.batch
+            if b is not None:
+                collector.batch = None
+                pending[b.root] = b
+                collector.pending_tuples += len(b.msg_ids)
+                open_root(b.root, b.cell[0], on_outcome, b.born)
+
+        def emit(values: Sequence[Any], stream: str = DEFAULT_STREAM, msg_id: Any = None) -> None:
+            collector.emitted += 1
+            if msg_id is None:
+                return send_untracked(values, stream)
+            e = grouped_of(stream)
+            b = collector.batch or start(0)
+            e(values, b.cell, b.roots, b.born, getrandbits)
+            b.msg_ids.append(msg_id)
+            b.values.append(values)
+            b.streams.append(stream)
+
+        def into_batch(values_list: Sequence[Sequence[Any]], stream: str, msg_ids: Sequence[Any]) -> None:
+            e = grouped_many_of(stream)
+            b = collector.batch or start(0)
+            e(values_list, b.cell, b.roots, b.born, getrandbits)
+            b.msg_ids += msg_ids
+            b.values += values_list
+            b.streams += repeat(stream, len(values_list))
+            collector.emitted += len(values_list)
+
+        def replay(old: SpoutBatch) -> None:
+            """A failed batch sent again whole, as its own batch, one retry further."""
+            close_batch()
+            b = start(old.retries + 1)
+            for values, stream, msg_id in zip(old.values, old.streams, old.msg_ids):
+                grouped[stream](values, b.cell, b.roots, b.born, getrandbits)
+                b.msg_ids.append(msg_id)
+                b.values.append(values)
+                b.streams.append(stream)
+            collector.emitted += len(old.msg_ids)
+            close_batch()
+
+        self.emit, self.close_batch, self.replay = emit, close_batch, replay
+        self.emit_many = spout_emit_many(outbox, untracked_many, into_batch)
+        outbox.before_flush = close_batch
 
     def _tracked_emit(self, outbox: Outbox, acker: Acker, pending: dict[int, Pending], on_outcome: Outcome,
                       getrandbits: Callable[[int], int]) -> Callable[..., None]:
         collector = self
-        untracked, tracked = outbox.untracked, outbox.tracked
-        unknown = outbox.unknown_stream
+        tracked_of = emit_of(outbox.tracked, outbox)
+        send_untracked = untracked_by_stream(outbox)
         open_root = acker.open
         perf = time.perf_counter
-        # With workers, the low byte of a root id names the worker whose acker owns it.
-        tagged = acker.forward_ack is not None
-        tag = acker.root_tag
 
         def emit(values: Sequence[Any], stream: str = DEFAULT_STREAM, msg_id: Any = None,
                  _retries: int = 0) -> None:
             collector.emitted += 1
             if msg_id is None:
-                f = untracked.get(stream)
-                if f is None:
-                    raise unknown(stream)
-                f(values, 0.0)
-                return
-            e = tracked.get(stream)
-            if e is None:
-                raise unknown(stream)
+                return send_untracked(values, stream)
+            e = tracked_of(stream)
             born = perf()  # also the acker's clock: one reading serves both
-            root = getrandbits(64) or 1
-            if tagged:
-                root = (root >> 8 << 8 | tag) or 256
+            root = new_root(getrandbits, acker)
             edges = e(values, (root,), None, born, getrandbits)
             pending[root] = (msg_id, values, stream, _retries, born)
             open_root(root, edges, on_outcome, born)
@@ -178,7 +300,7 @@ class BoltCollector:
                  "emit", "emit_many", "emitted", "current", "on_loop")
 
     def __init__(self, outbox: Outbox, *, acker: Acker | None, stats: TaskStats, auto_anchor: bool,
-                 getrandbits: Callable[[int], int]) -> None:
+                 getrandbits: Callable[[int], int], batches: bool = False) -> None:
         self._outbox = outbox
         self._acker = acker
         self._stats = stats
@@ -192,16 +314,18 @@ class BoltCollector:
         # fill this task's own lanes, which its task does not touch while it awaits execute.
         self.on_loop: Callable[..., None] | None = None
         # emit(values, stream="default", anchors=None), bound per task like the spout's.
-        self.emit = (untracked_emit(outbox, self, None) if acker is None
-                     else self._auto_anchored_emit())
+        self.emit = untracked_emit(outbox, self, None) if acker is None else self._one_parent_emit(batches)
         # emit_many(values_list, stream="default", anchors=None): msg ids are a spout's only.
         self._untracked_many = untracked_emit_many(outbox, self, None, spout=False)
-        self.emit_many = self._untracked_many if acker is None else self._emit_many_tracked
+        self.emit_many = (self._untracked_many if acker is None
+                          else self._emit_many_grouped if batches else self._emit_many_tracked)
 
-    def _auto_anchored_emit(self) -> Callable[..., None]:
-        """Tracked emit with the common case first: anchored to the input being executed."""
+    def _one_parent_emit(self, batches: bool) -> Callable[..., None]:
+        """Tracked emit with the common case first: anchored to one parent (the input being
+        executed, or one named). Per tuple its own edge; under batch granularity it joins its
+        lane's ack group under that parent. Several parents: the general path."""
         collector = self
-        tracked = self._outbox.tracked
+        emits = self._outbox.grouped if batches else self._outbox.tracked
         getrandbits = self._getrandbits
         general = self._emit_tracked
         auto = self._auto_anchor
@@ -209,20 +333,95 @@ class BoltCollector:
 
         def emit(values: Sequence[Any], stream: str = DEFAULT_STREAM,
                  anchors: Tuple | Sequence[Tuple] | None = None) -> None:
-            if anchors is None and auto:
+            if anchors is None:
+                parent = collector.current if auto else None
+            elif isinstance(anchors, Tuple):
+                parent = anchors
+            else:
+                parent = anchors[0] if len(anchors) == 1 else None
+            if parent is not None:
+                roots = parent.anchors
+                if roots:
+                    e = emits.get(stream)
+                    if e is None:
+                        raise unknown(stream)
+                    collector.emitted += 1
+                    if batches:
+                        e(values, parent.ackcell, roots, parent.born, getrandbits)
+                    else:
+                        e(values, roots, (parent,), parent.born, getrandbits)
+                    return
+            general(values, stream, anchors)
+
+        single = self._outbox.single_route(DEFAULT_STREAM)
+        if not batches or single is None or not auto:
+            return emit
+        origin, nfields, lanes, select = single
+        arity_error = self._outbox.arity_error
+        outbox = self._outbox
+
+        def emit_inlined(values: Sequence[Any], stream: str = DEFAULT_STREAM,
+                         anchors: Tuple | Sequence[Tuple] | None = None) -> None:
+            """Batch granularity's common case inlined: default stream, one subscriber, auto-anchored."""
+            if anchors is None and stream == DEFAULT_STREAM:
                 cur = collector.current
                 if cur is not None:
                     roots = cur.anchors
                     if roots:
-                        e = tracked.get(stream)
-                        if e is None:
-                            raise unknown(stream)
+                        if len(values) != nfields:
+                            raise arity_error(values, DEFAULT_STREAM)
+                        lane = lanes[select(values)]
+                        g = lane.group
+                        parent = cur.ackcell
+                        if g is None or lane.group_parent is not parent:
+                            g = lane.open_group(parent, roots, getrandbits)
+                        g[1] += 1
+                        lane.batch.append(WireTuple((values, origin, lane.group_anchors, cur.born, g)))
+                        outbox.pending_count += 1
                         collector.emitted += 1
-                        e(values, roots, (cur,), cur.born, getrandbits)
                         return
-            general(values, stream, anchors)
+            emit(values, stream, anchors)
 
-        return emit
+        return emit_inlined
+
+    def _emit_many_grouped(self, values_list: Sequence[Sequence[Any]], stream: str = DEFAULT_STREAM,
+                           anchors: Tuple | Sequence[Tuple] | None = None,
+                           anchor_each: Sequence[Tuple] | None = None) -> None:
+        """Batch granularity's ``emit_many``: parents that all share one ack cell (one
+        input, or inputs of one group: the usual batch) cost one group per lane."""
+        if anchor_each is not None:
+            if len(anchor_each) != len(values_list):
+                raise count_mismatch_error(self._outbox.component, values_list, anchor_each, "anchor_each tuples")
+            parents: Sequence[Tuple] = anchor_each
+        elif anchors is None:
+            cur = self.current if self._auto_anchor else None
+            parents = () if cur is None else (cur,)
+        else:
+            parents = (anchors,) if isinstance(anchors, Tuple) else tuple(anchors)
+        if parents:
+            first = parents[0].ackcell
+            if first is not None and (len(parents) == 1 or all(map(is_, map(_cell, parents), repeat(first)))):
+                many = self._outbox.grouped_many.get(stream)
+                if many is None:
+                    raise self._outbox.unknown_stream(stream)
+                p = parents[0]
+                many(values_list, first, p.anchors, p.born, self._getrandbits)   # type: ignore[arg-type]
+                self.emitted += len(values_list)
+                return
+        if anchor_each is not None:      # parents of several groups: each values under its own
+            one = self._outbox.grouped.get(stream)
+            untracked = self._outbox.untracked.get(stream)
+            if one is None or untracked is None:
+                raise self._outbox.unknown_stream(stream)
+            getrandbits = self._getrandbits
+            for values, p in zip(values_list, anchor_each):
+                if p.anchors:
+                    one(values, p.ackcell, p.anchors, p.born, getrandbits)
+                else:
+                    untracked(values, 0.0)
+            self.emitted += len(values_list)
+            return
+        self._emit_many_tracked(values_list, stream, anchors)
 
     def _anchored(self, anchors: Tuple | Sequence[Tuple] | None) -> tuple[Sequence[Tuple], Any]:
         """The parents of an emit and their roots (an emit is tracked when any parent is)."""
@@ -286,7 +485,7 @@ class BoltCollector:
         """XOR the tuple's edge (and its children's) out of each root's ledger; no count."""
         anchors = tup.anchors
         if self._acker is not None and anchors:
-            self._acker.ack(anchors, tup.ackcell[0])
+            self._acker.ack_tuple(anchors, tup.ackcell)
 
     def fail(self, tup: Tuple, reason: str = "") -> None:
         if self.on_loop is not None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from collections import deque
+from collections import Counter, deque
 from itertools import repeat
 from operator import call
 from typing import Any, Callable, Iterable, Sequence
@@ -29,6 +29,7 @@ import msgpack
 from topo.api import (EmitError, FieldIndex, Origin, Tuple, WireTuple, arity_error, encoding_error,
                       unknown_stream_error)
 from topo.groupings import Router
+from runtime.local.acker import AckGroup, new_group
 from runtime.local.queue import ByteQueue
 
 
@@ -43,13 +44,39 @@ class StreamRoutes:
 class Lane:
     """The pending batch for one target task."""
 
-    __slots__ = ("target", "batch")
+    __slots__ = ("target", "batch", "group", "group_parent", "group_anchors")
 
     def __init__(self, target: int) -> None:
         self.target = target
         self.batch: list[Tuple] = []
+        # Batch granularity: the ack group this lane's tuples of ``group_parent`` join
+        # until the next flush (then None), and its anchors (root -> the group's edge id).
+        self.group: AckGroup | None = None
+        self.group_parent: list[int] | None = None
+        self.group_anchors: dict[int, int] | None = None
+
+    def open_group(self, parent: list[int], roots: Iterable[int], getrandbits: Callable[[int], int]) -> AckGroup:
+        """A new group of this lane under ``parent`` (an ack cell): its edge id is XORed
+        into the parent's cell once, whatever the number of tuples it will hold."""
+        edge = getrandbits(64) or 1
+        parent[0] ^= edge
+        self.group = g = new_group()
+        self.group_parent = parent
+        self.group_anchors = dict.fromkeys(roots, edge)
+        return g
+
+    def join(self, parent: list[int], roots: Iterable[int], getrandbits: Callable[[int], int]) -> AckGroup:
+        """The group a tuple of this lane under ``parent`` joins (a new one after a flush or
+        when the parent changed), counted one tuple larger."""
+        g = self.group
+        if g is None or self.group_parent is not parent:
+            g = self.open_group(parent, roots, getrandbits)
+        g[1] += 1
+        return g
 
 
+# One subscriber of a stream: (broadcast, the lanes of its targets, its router's select).
+Route = tuple[bool, list[Lane], Callable[[Sequence[Any]], int]]
 # emit(values, born) for untracked tuples.
 UntrackedEmit = Callable[[Sequence[Any], float], None]
 # emit(values, roots, parents, born, getrandbits) -> XOR of new edge ids, for tracked ones;
@@ -62,6 +89,11 @@ TrackedEmitMany = Callable[[Sequence[Sequence[Any]], Sequence[int], Sequence[Tup
 # ... and anchored one by one: emit_each(values_list, parents, getrandbits), parents[i] the
 # parent of values_list[i].
 TrackedEmitEach = Callable[[Sequence[Sequence[Any]], Sequence[Tuple], Callable[[int], int]], None]
+# Batch granularity: emit(values, parent, roots, born, getrandbits) puts the tuple in its
+# lane's ack group under ``parent`` (the ack cell of the input, or of a spout batch) ...
+GroupedEmit = Callable[[Sequence[Any], list, Iterable[int], float, Callable[[int], int]], None]
+# ... and the same for a whole values list under one parent.
+GroupedEmitMany = Callable[[Sequence[Sequence[Any]], list, Iterable[int], float, Callable[[int], int]], None]
 
 
 class Outbox:
@@ -89,12 +121,18 @@ class Outbox:
         self.untracked_many: dict[str, UntrackedEmitMany] = {}
         self.tracked_many: dict[str, TrackedEmitMany] = {}
         self.tracked_each: dict[str, TrackedEmitEach] = {}
+        self.grouped: dict[str, GroupedEmit] = {}
+        self.grouped_many: dict[str, GroupedEmitMany] = {}
+        # Called before any batch leaves (a spout under batch granularity closes its batch).
+        self.before_flush: Callable[[], None] | None = None
         for stream, routes in streams.items():
             self.untracked[stream] = self._make_untracked(stream, routes)
             self.tracked[stream] = self._make_tracked(stream, routes)
             self.untracked_many[stream] = self._make_untracked_many(stream, routes)
             self.tracked_many[stream] = self._make_tracked_many(stream, routes)
             self.tracked_each[stream] = self._make_tracked_each(stream, routes)
+            self.grouped[stream] = self._make_grouped(stream, routes)
+            self.grouped_many[stream] = self._make_grouped_many(stream, routes)
 
     def _lane(self, target: int) -> Lane:
         lane = self.lanes.get(target)
@@ -143,15 +181,18 @@ class Outbox:
         origin = Origin(routes.fields, stream, self.component, self.task_id)
         return origin, len(routes.fields.names), self._lanes_of(router), router.select
 
-    def _plan(self, routes: StreamRoutes) -> list[tuple[bool, list[Lane], Callable[[Sequence[Any]], int]]]:
+    def _stream_parts(self, stream: str, routes: StreamRoutes) -> tuple[Origin, int, list[Route]]:
+        """What every per-stream emit binds: the stream's origin, its field count, its routing plan."""
+        origin = Origin(routes.fields, stream, self.component, self.task_id)
+        return origin, len(routes.fields.names), self._plan(routes)
+
+    def _plan(self, routes: StreamRoutes) -> list[Route]:
         return [(r.broadcast, self._lanes_of(r), r.select) for r in routes.routers]
 
     def _make_untracked(self, stream: str, routes: StreamRoutes) -> UntrackedEmit:
-        origin = Origin(routes.fields, stream, self.component, self.task_id)
-        nfields = len(routes.fields.names)
+        origin, nfields, plan = self._stream_parts(stream, routes)
         arity_error = self.arity_error
         outbox = self
-        plan = self._plan(routes)
         if len(plan) == 1 and not plan[0][0]:
             _, lanes, select = plan[0]
 
@@ -177,12 +218,10 @@ class Outbox:
         return emit_general
 
     def _make_tracked(self, stream: str, routes: StreamRoutes) -> TrackedEmit:
-        origin = Origin(routes.fields, stream, self.component, self.task_id)
-        nfields = len(routes.fields.names)
+        origin, nfields, plan = self._stream_parts(stream, routes)
         arity_error = self.arity_error
         outbox = self
         fromkeys = dict.fromkeys
-        plan = self._plan(routes)
         if len(plan) == 1 and not plan[0][0]:
             _, lanes, select = plan[0]
 
@@ -271,17 +310,11 @@ class Outbox:
             return emit_many_general
         lanes, select, origin, check = single
         select_many = self._select_many(routes)
-        ne = len(routes.fields.names).__ne__
         outbox = self
         consume = deque(maxlen=0).extend    # runs an iterator to its end, keeping nothing
 
         def emit_many_routed(values_list: Sequence[Sequence[Any]], born: float) -> None:
-            try:
-                bad = any(map(ne, map(len, values_list)))
-            except TypeError:
-                bad = True
-            if bad:
-                check(values_list)
+            check(values_list)
             tuples = map(WireTuple, zip(values_list, repeat(origin), repeat(None), repeat(born), repeat(None)))
             if len(lanes) == 1:     # maps over zips: no Python loop per tuple
                 lanes[0].batch += tuples
@@ -364,6 +397,89 @@ class Outbox:
 
         return emit_each_routed
 
+    def _make_grouped(self, stream: str, routes: StreamRoutes) -> GroupedEmit:
+        """Batch granularity's emit: the tuple joins its lane's current group under
+        ``parent`` (a new group when the parent changed or the lane was flushed)."""
+        origin, nfields, plan = self._stream_parts(stream, routes)
+        arity_error = self.arity_error
+        outbox = self
+        if len(plan) == 1 and not plan[0][0]:
+            _, lanes, select = plan[0]
+
+            def emit_grouped_routed(values: Sequence[Any], parent: list, roots: Iterable[int], born: float,
+                                    getrandbits: Callable[[int], int]) -> None:
+                if len(values) != nfields:
+                    raise arity_error(values, stream)
+                lane = lanes[select(values)]
+                g = lane.group
+                if g is None or lane.group_parent is not parent:
+                    g = lane.open_group(parent, roots, getrandbits)
+                g[1] += 1
+                lane.batch.append(WireTuple((values, origin, lane.group_anchors, born, g)))
+                outbox.pending_count += 1
+
+            return emit_grouped_routed
+
+        def emit_grouped(values: Sequence[Any], parent: list, roots: Iterable[int], born: float,
+                         getrandbits: Callable[[int], int]) -> None:
+            if len(values) != nfields:
+                raise arity_error(values, stream)
+            for broadcast, lanes, select in plan:
+                for lane in (lanes if broadcast else (lanes[select(values)],)):
+                    g = lane.join(parent, roots, getrandbits)
+                    lane.batch.append(WireTuple((values, origin, lane.group_anchors, born, g)))
+                    outbox.pending_count += 1
+
+        return emit_grouped
+
+    def _make_grouped_many(self, stream: str, routes: StreamRoutes) -> GroupedEmitMany:
+        """Batch granularity's ``emit_many`` under one parent: one group per lane reached,
+        the tuples made and appended by C-level maps."""
+        one_by_one = self.grouped[stream]
+        single = self._single(stream, routes)
+        if single is None:
+            def emit_many_general(values_list: Sequence[Sequence[Any]], parent: list, roots: Iterable[int],
+                                  born: float, getrandbits: Callable[[int], int]) -> None:
+                for values in values_list:
+                    one_by_one(values, parent, roots, born, getrandbits)
+
+            return emit_many_general
+        lanes, select, origin, check = single
+        select_many = self._select_many(routes)
+        outbox = self
+        consume = deque(maxlen=0).extend
+        roots_list = list   # (roots may be an iterator: read once)
+
+        def emit_many_grouped(values_list: Sequence[Sequence[Any]], parent: list, roots: Iterable[int],
+                              born: float, getrandbits: Callable[[int], int]) -> None:
+            n = len(values_list)
+            if not n:
+                return
+            check(values_list)
+            roots = roots_list(roots)
+            if len(lanes) == 1:
+                lane = lanes[0]
+                g = lane.join(parent, roots, getrandbits)
+                g[1] += n - 1
+                lane.batch += map(WireTuple, zip(values_list, repeat(origin), repeat(lane.group_anchors),
+                                                 repeat(born), repeat(g)))
+            else:
+                targets = list(select_many(values_list))
+                groups = {}
+                anchors = {}
+                for i, k in Counter(targets).items():
+                    lane = lanes[i]
+                    g = groups[i] = lane.join(parent, roots, getrandbits)
+                    g[1] += k - 1
+                    anchors[i] = lane.group_anchors
+                tuples = map(WireTuple, zip(values_list, repeat(origin), map(anchors.__getitem__, targets),
+                                            repeat(born), map(groups.__getitem__, targets)))
+                appends = [lane.batch.append for lane in lanes]
+                consume(map(call, map(appends.__getitem__, targets), tuples))
+            outbox.pending_count += n
+
+        return emit_many_grouped
+
     def due(self) -> bool:
         """Whether pending batches should go now: a full batch, or the interval has passed."""
         n = self.pending_count
@@ -394,6 +510,8 @@ class Outbox:
         if self._background is not None:
             await asyncio.shield(self._background)
         self.last_flush_at = time.monotonic()
+        if self.before_flush is not None:
+            self.before_flush()
         if not self.pending_count:
             return 0
         return await self._flush()
@@ -402,6 +520,8 @@ class Outbox:
         """A flush from outside the task's own loop: its task is busy inside a user call
         (an async ``next_tuple`` that waits) while a partial batch is due."""
         if self.pending_count and self._background is None:
+            if self.before_flush is not None:
+                self.before_flush()
             self._background = asyncio.ensure_future(self._flush_in_background())
 
     async def _flush_in_background(self) -> int:
@@ -412,11 +532,14 @@ class Outbox:
             self._background = None
 
     async def _flush(self) -> int:
+        """Every lane's batch is taken before the first wait, so what is emitted meanwhile
+        (a spout's async call during a background flush) waits for the next flush, and
+        every ack group is complete before its first tuple leaves."""
         admitted = self.gate(self) if self.gate is not None else None
         self.pending_count = 0
-        waited = 0
-        queues = self.queues
-        for lane in self.lanes.values():
+        sends: list[tuple[int, list[Tuple]]] = []
+        for lane in list(self.lanes.values()):
+            lane.group = lane.group_parent = lane.group_anchors = None
             batch = lane.batch
             if batch:
                 if admitted is not None and admitted.get(lane.target, len(batch)) < len(batch):
@@ -428,13 +551,17 @@ class Outbox:
                         continue
                 else:
                     lane.batch = []
-                queue = queues[lane.target]
-                nbytes = self.batch_bytes(batch)
-                if nbytes <= queue.hard_bound:
-                    waited += await queue.put(batch, nbytes)
-                else:
-                    for piece, piece_bytes in self._split(batch, queue.hard_bound):
-                        waited += await queue.put(piece, piece_bytes)
+                sends.append((lane.target, batch))
+        waited = 0
+        queues = self.queues
+        for target, batch in sends:
+            queue = queues[target]
+            nbytes = self.batch_bytes(batch)
+            if nbytes <= queue.hard_bound:
+                waited += await queue.put(batch, nbytes)
+            else:
+                for piece, piece_bytes in self._split(batch, queue.hard_bound):
+                    waited += await queue.put(piece, piece_bytes)
         return waited
 
     def _split(self, batch: list[Tuple], bound: int) -> list[tuple[list[Tuple], int]]:

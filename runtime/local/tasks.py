@@ -24,13 +24,14 @@ import types
 from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from itertools import islice
+from typing import Any, Callable, Iterable, Sequence
 
 from backpressure.seams import Direction, FlowDisplay
 from topo.api import Bolt, ComponentError, EmitError, EndOfStream, Spout, TaskContext, Tuple
 from runtime.local.acker import Acker
 from runtime.local.blocking import BlockingRunner
-from runtime.local.collectors import BoltCollector, Pending, SpoutCollector
+from runtime.local.collectors import BoltCollector, Pending, SpoutBatch, SpoutCollector
 from runtime.local.deadletter import DeadLetterWriter
 from runtime.local.failures import FailureLog
 from runtime.local.outbox import Outbox
@@ -50,6 +51,11 @@ _MIN_SLEEP_S = 0.001
 _SPOUT_IDLE_SLEEP_S = 0.001  # Storm's default sleep-spout wait strategy
 _SPOUT_ERROR_BACKOFF_MAX_S = 1.0
 _MIN_RATE_SPAN_S = 0.05      # shortest run time a mean emit rate is read over
+
+
+def batch_granularity(config: Any) -> bool:
+    """Whether acking tracks spout batches and ack groups (``acking.granularity: batch``)."""
+    return config.get("acking.granularity", "tuple") == "batch"
 
 
 class Rollback(Exception):
@@ -204,15 +210,17 @@ class SpoutTask(_TaskBase):
         super().__init__(wiring, spout)
         self.spout = spout
         self.untracked_acks: list[Any] = []
-        self.pending: dict[int, Pending] = {}
+        self.pending: dict[int, Pending | SpoutBatch] = {}
         # outcome_hook(root, ok, msg_id, sent_again): send windows (document 002) learn acks here
         self.outcome_hook: Callable[[int, bool, Any, bool], None] | None = None
         self.outcomes: deque[tuple[int, bool, str]] = deque()
         # Storm acks an untracked tuple at once; only bother when the spout listens.
         listens = type(spout).ack is not Spout.ack
+        self.batches = self.acker is not None and batch_granularity(self.context.config)
         self.collector = SpoutCollector(self.outbox, acker=self.acker, pending=self.pending,
                                         on_outcome=self.on_outcome, getrandbits=self.rng.getrandbits,
-                                        untracked_acks=self.untracked_acks if listens else None)
+                                        untracked_acks=self.untracked_acks if listens else None,
+                                        batches=self.batches)
         self.exhausted = False
         self.consecutive_errors = 0
         self.max_consecutive_errors: int = self.context.config.get("spout.max_consecutive_errors", 1000)
@@ -242,6 +250,9 @@ class SpoutTask(_TaskBase):
             root, ok, reason = outcomes.popleft()
             p = pending.pop(root, None)
             if p is None:
+                continue
+            if type(p) is SpoutBatch:
+                acked += self._batch_outcome(p, ok, reason, now)
                 continue
             msg_id, values, stream, retries, born = p
             if ok:
@@ -273,6 +284,44 @@ class SpoutTask(_TaskBase):
         stats.acked += acked
         hist.n += acked
         hist.total += latency_sum
+
+    def _batch_outcome(self, b: SpoutBatch, ok: bool, reason: str, now: float) -> int:
+        """A spout batch's tree completed or failed (batch granularity): ``Spout.ack`` or
+        ``fail`` of each of its msg ids; a failed batch is replayed whole, or its tuples go
+        to the dead letters once its retries are spent. Returns how many were acked."""
+        run, stats, spout = self.run_state, self.stats, self.spout
+        n = len(b.msg_ids)
+        self.collector.pending_tuples -= n
+        if ok:
+            hist = stats.complete_latency
+            latency = now - b.born
+            hist.counts[bisect_left(hist.bounds, latency)] += n
+            hist.total += latency * n
+            if type(spout).ack is not Spout.ack:
+                for msg_id in b.msg_ids:
+                    spout.ack(msg_id)
+            return n
+        stats.failed += n
+        for msg_id in b.msg_ids:
+            spout.fail(msg_id)
+        if run.stopping:
+            return 0
+        if run.rollback_on_failure:
+            raise Rollback(f"spout {self.component!r} (task {self.task_id}): a batch of {n} tuples "
+                           f"{reason or 'failed'}")
+        if b.retries < run.max_retries:
+            stats.replayed += n
+            stats.emitted += n
+            self.collector.replay(b)
+        else:
+            stats.dead_lettered += n
+            for msg_id, values, stream in zip(b.msg_ids, b.values, b.streams):
+                self.dead_letters.write(self.component, self.task_id, msg_id, stream, values, b.retries, reason)
+        return 0
+
+    def _in_flight(self) -> int:
+        """Tracked tuples in flight (``max_spout_pending`` counts tuples, not roots)."""
+        return self.collector.pending_tuples if self.batches else len(self.pending)
 
     def _chunk(self) -> int:
         """How many tuples to emit between bookkeeping rounds.
@@ -327,7 +376,7 @@ class SpoutTask(_TaskBase):
                 await self._wait_outcome()
                 continue
             self.holding = False
-            if len(self.pending) >= max_pending:
+            if self._in_flight() >= max_pending:
                 if outbox.pending_count:
                     stats.backpressured_ns += await outbox.flush()
                 await self._wait_outcome()
@@ -373,6 +422,7 @@ class SpoutTask(_TaskBase):
                 dry = True
             else:
                 self.consecutive_errors = 0
+            collector.close_batch()     # (batch granularity: this round's tuples are one root)
             emitted = collector.emitted - before
             run.spout_emitted += emitted
             if emitted:
@@ -427,7 +477,8 @@ class BoltTask(_TaskBase):
         self.flow_poll = wiring.flow_poll
         self.auto_ack = bool(getattr(bolt, "auto_ack", True))
         self.collector = BoltCollector(self.outbox, acker=self.acker, stats=self.stats,
-                                       auto_anchor=self.auto_ack, getrandbits=self.rng.getrandbits)
+                                       auto_anchor=self.auto_ack, getrandbits=self.rng.getrandbits,
+                                       batches=self.acker is not None and batch_granularity(self.context.config))
         self.waiting = False   # parked on an empty queue with nothing pending (drain check)
         self.tick_interval_s: float | None = getattr(bolt, "tick_interval_s", None)
         self.last_tick = time.monotonic()
@@ -483,7 +534,7 @@ class BoltTask(_TaskBase):
         collector = self.collector
         is_async = self._is_async
         blocking = self._thread is not None
-        ack = self.acker.ack if self.acker is not None else None
+        ack = self.acker.ack_tuple if self.acker is not None else None
         auto_ack = self.auto_ack
         perf = time.perf_counter
         ok = 0
@@ -515,7 +566,7 @@ class BoltTask(_TaskBase):
                     ok += 1
                     anchors = tup.anchors
                     if anchors and ack is not None:
-                        ack(anchors, tup.ackcell[0])
+                        ack(anchors, tup.ackcell)
             if first:
                 # Execute latency is sampled: the first tuple of every transfer batch.
                 self.stats.execute_latency.observe(perf() - t_first)
@@ -555,6 +606,39 @@ class BoltTask(_TaskBase):
         if self.auto_ack:
             self.stats.acked += n - (self.stats.failed - failed)
 
+    def _execute_each(self, tuples: Iterable[Tuple], failed: list[Tuple]) -> None:
+        """Sync execute of each tuple as the current input; the ones that raised into ``failed``."""
+        execute = self.bolt.execute
+        collector = self.collector
+        for tup in tuples:
+            collector.current = tup
+            try:
+                execute(tup)
+            except Exception as exc:
+                self._on_error(tup, exc)
+                failed.append(tup)
+        collector.current = None
+
+    async def _execute_batch_tracked(self, batch: list[Tuple]) -> None:
+        """A sync execute with acking on: each tuple executed as the current input (its
+        emits auto-anchored to it), then the batch's successes acked in one ``ack_batch``
+        (under batch granularity usually one group: one ledger update)."""
+        perf = time.perf_counter
+        failed: list[Tuple] = []
+        t_first = perf()
+        self._execute_each(islice(batch, 1), failed)     # the first tuple's time is sampled
+        self.stats.execute_latency.observe(perf() - t_first)
+        self._execute_each(islice(batch, 1, None), failed)
+        if self.auto_ack:
+            acker = self.acker
+            assert acker is not None
+            if failed:
+                gone = set(map(id, failed))
+                acker.ack_batch([t for t in batch if id(t) not in gone])
+            else:
+                acker.ack_batch(batch)
+            self.stats.acked += len(batch) - len(failed)
+
     async def _execute_whole(self, batch: list[Tuple]) -> None:
         """A bolt with ``execute_batch``: one call for the whole batch, which is acked
         (``auto_ack``) or failed as a whole; the execute latency observed is the call's
@@ -584,8 +668,8 @@ class BoltTask(_TaskBase):
                 raise ComponentError(f"bolt {self.component!r}: execute_batch must be a plain function "
                                      f"(an async or blocking bolt executes tuple by tuple)")
             return self._execute_whole
-        if not self._is_async and not self.blocking and self.acker is None:
-            return self._execute_batch_fast
+        if not self._is_async and not self.blocking:
+            return self._execute_batch_fast if self.acker is None else self._execute_batch_tracked
         return self._execute_batch
 
     async def run(self) -> None:

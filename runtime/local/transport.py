@@ -18,7 +18,8 @@ keeps its promises:
   and applied by the owner's acker, where the XOR ledger is.
 
 Frames are msgpack arrays, 4-byte length prefixed, bounded by ``MAX_FRAME``:
-``["B", target, nbytes, groups]`` (a batch by columns: ``TupleCodec``), ``["C", target, nbytes]`` (credit),
+``["B", target, nbytes, groups]`` (a batch by columns: ``TupleCodec``; under batch granularity
+a column of ack group sizes, so the receiver shares one ack cell per group), ``["C", target, nbytes]`` (credit),
 ``["A", [[root, xor], ...]]``, ``["F", [[root, reason], ...]]``. Counters of frames
 sent and received let the supervisor tell when nothing is in flight anywhere.
 """
@@ -36,6 +37,7 @@ from typing import Any, Callable
 import msgpack
 
 from topo.api import FieldIndex, Origin, WireTuple
+from runtime.local.acker import new_group
 
 log = logging.getLogger("topo.transport")
 
@@ -189,6 +191,10 @@ class TupleCodec:
     def __init__(self, streams: dict[str, dict[str, tuple[str, ...]]]) -> None:
         self._fields = {(c, s): FieldIndex.of(f) for c, outs in streams.items() for s, f in outs.items()}
         self._origins: dict[tuple[str, str, int], Origin] = {}
+        # Ack groups (batch granularity) being received: the group's edge id -> [the one
+        # AckGroup its tuples share here, how many of them arrived]; an entry goes once all
+        # did (a group is complete before its first tuple leaves, so its size is known).
+        self._groups: dict[int, list[Any]] = {}
 
     @staticmethod
     def encode(batch: list[Any]) -> list[Any]:
@@ -205,14 +211,20 @@ class TupleCodec:
         for o, part in runs:
             anchors = list(map(_anchors, part))
             tracked = any(anchors)
-            groups.append([o.component, o.stream, o.task, list(map(_values, part)),
-                           anchors if tracked else None, list(map(_born, part)) if tracked else None])
+            group = [o.component, o.stream, o.task, list(map(_values, part)),
+                     anchors if tracked else None, list(map(_born, part)) if tracked else None]
+            if tracked:
+                cells = list(map(_cell, part))
+                if any(c is not None and len(c) == 2 for c in cells):
+                    # Batch granularity: each tuple's group size (0: a tuple with its own edge).
+                    group.append([c[1] if c is not None and len(c) == 2 else 0 for c in cells])
+            groups.append(group)
         return groups
 
     def decode(self, groups: list[Any]) -> list[Any]:
         out: list[Any] = []
         origins = self._origins
-        for comp, stream, task, values, anchors, borns in groups:
+        for comp, stream, task, values, anchors, borns, *sizes in groups:
             key = (comp, stream, task)
             origin = origins.get(key)
             if origin is None:
@@ -220,12 +232,33 @@ class TupleCodec:
             if anchors is None:
                 out += map(WireTuple, zip(values, repeat(origin), repeat(None), repeat(0.0), repeat(None)))
             else:
-                cells = [[0] if a else None for a in anchors]
+                cells = [[0] if a else None for a in anchors] if not sizes else self._cells(anchors, sizes[0])
                 out += map(WireTuple, zip(values, repeat(origin), anchors, borns, cells))
         return out
 
+    def _cells(self, anchors: list[Any], sizes: list[int]) -> list[Any]:
+        """Ack cells of received tuples: the tuples of one ack group share one ``AckGroup``
+        (acked here once the last is processed), across as many batches as it came in."""
+        registry = self._groups
+        cells: list[Any] = []
+        for a, size in zip(anchors, sizes):
+            if not size:
+                cells.append([0] if a else None)
+                continue
+            edge = next(iter(a.values()))
+            entry = registry.get(edge)
+            if entry is None:
+                g = new_group()
+                g[1] = size
+                entry = registry[edge] = [g, 0]
+            entry[1] += 1
+            if entry[1] >= size:
+                del registry[edge]
+            cells.append(entry[0])
+        return cells
 
-_origin, _anchors, _values, _born = (attrgetter(a) for a in ("origin", "anchors", "values", "born"))
+
+_origin, _anchors, _values, _born, _cell = (attrgetter(a) for a in ("origin", "anchors", "values", "born", "ackcell"))
 
 
 class AckForwarder:

@@ -1,0 +1,296 @@
+"""``acking.granularity: batch`` (Trident's granularity): one tuple tree per spout batch and one
+ledger edge per group of tuples, with the guarantees of per-tuple acking: every spout tuple
+acked exactly once when its batch's tree completes, a failure or a timeout replays the whole
+batch, nothing is lost, in one process and across worker processes."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from topo.api import Bolt, EndOfStream, FieldIndex, Origin, Spout, Tuple, WireTuple
+from topo.config import ConfigError, resolve
+from topo.examples.wordcount import (BatchFinalCountBolt, BatchSplitBolt, FinalCountBolt, SentenceSpout,
+                                     SplitBolt, expected_counts)
+from topo.sinks import read_table
+from topo.topology import TopologyBuilder
+from runtime.local.acker import Acker, AckGroup, new_group
+from runtime.local.engine import run
+from runtime.local.transport import TupleCodec
+
+ROOT = Path(__file__).resolve().parents[1]
+BATCHES = {"acking": True, "acking.granularity": "batch", "backpressure.policy": "none"}
+
+
+# --- the ledger -------------------------------------------------------------------------
+
+def _outcomes() -> tuple[list[tuple[int, bool, str]], Any]:
+    seen: list[tuple[int, bool, str]] = []
+    return seen, lambda root, ok, reason: seen.append((root, ok, reason))
+
+
+def _tup(anchors: dict[int, int] | None, cell: list[int] | None) -> WireTuple:
+    return WireTuple(([0], Origin(FieldIndex.of(["n"]), "default", "c", 1), anchors, 0.0, cell))
+
+
+def test_a_group_is_acked_once_when_its_last_tuple_is_processed() -> None:
+    seen, owner = _outcomes()
+    acker = Acker(30.0)
+    g = new_group()
+    g[1] = 3                                  # three tuples share edge 0x5
+    acker.open(7, 0x5, owner, 0.0)
+    anchors = {7: 0x5}
+    acker.ack_tuple(anchors, g)
+    acker.ack_tuple(anchors, g)
+    assert seen == [] and acker.ledger[7][0] == 0x5     # two of three: the edge is still open
+    acker.ack_tuple(anchors, g)
+    assert seen == [(7, True, "")] and len(acker) == 0
+
+
+def test_ack_batch_of_one_group_and_of_mixed_cells_agree_with_the_ledger_rule() -> None:
+    seen, owner = _outcomes()
+    acker = Acker(30.0)
+    g = new_group()
+    g[0], g[1] = 0x30, 2                      # its tuples emitted one child edge 0x30
+    child = [0]
+    acker.open(9, 0x3, owner, 0.0)            # root 9: group edge 0x3
+    acker.ack_batch([_tup({9: 0x3}, g), _tup({9: 0x3}, g)])
+    assert seen == [] and acker.ledger[9][0] == 0x30    # the group's edge out, its child's in
+    acker.ack_batch([_tup(None, None), _tup({9: 0x30}, child)])   # a per-tuple edge in the same tree
+    assert seen == [(9, True, "")]
+
+
+def test_ack_group_compares_by_identity() -> None:
+    a, b = new_group(), new_group()
+    assert isinstance(a, AckGroup) and a != b and a == a and len({id(a), id(b)}) == 2
+    assert a is not b and {a: 1, b: 2}[b] == 2
+
+
+def test_a_group_received_in_two_batches_from_another_worker_shares_one_cell() -> None:
+    codec = TupleCodec({"c": {"default": ("n",)}})
+    g = new_group()
+    g[1] = 3
+    anchors = {11: 0x77}
+    own = [0]
+    sent = [_tup(anchors, g), _tup(anchors, g), _tup({11: 0x99}, own)]
+    first = codec.decode(codec.encode(sent))
+    second = codec.decode(codec.encode([_tup(anchors, g)]))
+    cells = [t.ackcell for t in first + second]
+    assert cells[0] is cells[1] is cells[3] and cells[0][1] == 3    # one group of three, across batches
+    assert cells[2] is not cells[0] and len(cells[2]) == 1           # a per-tuple edge keeps its own cell
+    assert not codec._groups                                          # every tuple of the group arrived
+
+
+# --- one process ------------------------------------------------------------------------
+
+class _Registered:
+    def __init__(self, registry: list[Counter[str]]) -> None:
+        super().__init__()  # type: ignore[call-arg]
+        self.registry = registry
+
+    def prepare(self, context: Any, collector: Any) -> None:
+        super().prepare(context, collector)  # type: ignore[misc]
+        self.registry.append(self.counts)  # type: ignore[attr-defined]
+
+    def __deepcopy__(self, memo: dict) -> Any:
+        return type(self)(self.registry)
+
+
+class Final(_Registered, FinalCountBolt):
+    pass
+
+
+class BatchFinal(_Registered, BatchFinalCountBolt):
+    pass
+
+
+class Sentences(SentenceSpout):
+    """The example's spout, recording the msg ids acked and failed."""
+
+    acked: list[int] = []
+
+    def ack(self, msg_id: Any) -> None:
+        self.acked.append(msg_id)
+
+
+@pytest.mark.parametrize("variant", ["per_tuple", "batch"])
+def test_word_counts_are_exact_and_every_sentence_is_acked_once(variant: str) -> None:
+    registry: list[Counter[str]] = []
+    Sentences.acked = []
+    batch = variant == "batch"
+    b = TopologyBuilder("wc-groups", {**BATCHES, "batch.size": 64})
+    b.spout("sentences", Sentences(repeat=200, batch=50 if batch else 1), 2)
+    b.bolt("split", BatchSplitBolt() if batch else SplitBolt(), 2).shuffle("sentences")
+    b.bolt("count", (BatchFinal if batch else Final)(registry), 3).fields("split", "word")
+    res = run(b.build())
+    total: Counter[str] = Counter()
+    for c in registry:
+        total.update(c)
+    assert total == expected_counts(repeat=200)
+    assert sorted(Sentences.acked) == list(range(1000))          # each sentence acked exactly once
+    assert res.component_totals()["sentences"]["acked"] == 1000
+
+
+class Numbers(Spout):
+    """0..total-1, one tracked emit per call; records acks and fails."""
+
+    outputs = ["n"]
+
+    def __init__(self, total: int) -> None:
+        self.total, self.i = total, 0
+        self.acked: list[int] = []
+        self.failed: list[int] = []
+
+    def next_tuple(self) -> None:
+        if self.i >= self.total:
+            raise EndOfStream
+        self.collector.emit([self.i], msg_id=self.i)
+        self.i += 1
+
+    def ack(self, msg_id: Any) -> None:
+        self.acked.append(msg_id)
+
+    def fail(self, msg_id: Any) -> None:
+        self.failed.append(msg_id)
+
+
+class Twice(Bolt):
+    """Two children per input (n*10, n*10+1)."""
+
+    outputs = ["n"]
+
+    def execute(self, tup: Tuple) -> None:
+        self.collector.emit([tup.values[0] * 10])
+        self.collector.emit([tup.values[0] * 10 + 1])
+
+
+class FailOnce(Bolt):
+    """Raises once on ``bad``; counts what it executed."""
+
+    def __init__(self, bad: int, seen: Counter[int]) -> None:
+        self.bad, self.seen, self.raised = bad, seen, False
+
+    def execute(self, tup: Tuple) -> None:
+        if tup.values[0] == self.bad and not self.raised:
+            self.raised = True
+            raise RuntimeError("one grandchild fails")
+        self.seen[tup.values[0]] += 1
+
+
+def test_one_failed_grandchild_replays_its_whole_spout_batch_and_nothing_is_lost() -> None:
+    seen: Counter[int] = Counter()
+    spout = Numbers(400)
+    b = TopologyBuilder("groups-fail", {**BATCHES, "batch.size": 32})
+    b.spout("nums", lambda: spout)
+    b.bolt("twice", Twice()).shuffle("nums")
+    leaf = FailOnce(bad=1731, seen=seen)
+    b.bolt("leaf", lambda: leaf).shuffle("twice")                    # 1731: a grandchild of 173
+    res = run(b.build())
+    failed = set(spout.failed)
+    assert 173 in failed and len(failed) > 1                        # the whole batch, not one tuple
+    assert len(spout.failed) == len(failed) <= 32                   # ... one batch, failed once
+    assert sorted(spout.acked) == list(range(400))                  # everything acked in the end
+    assert set(seen) == {n * 10 + i for n in range(400) for i in (0, 1)}   # nothing lost
+    assert all(seen[n * 10 + i] == 2 for n in failed for i in (0, 1) if n * 10 + i != 1731)   # replayed
+    assert res.component_totals()["nums"]["replayed"] == len(failed)
+
+
+class DropOnce(Bolt):
+    """Acks by hand and never acks ``bad`` the first time (a lost tuple: only the timeout sees it)."""
+
+    auto_ack = False
+
+    def __init__(self, bad: int) -> None:
+        self.bad, self.dropped = bad, False
+
+    def execute(self, tup: Tuple) -> None:
+        if tup.values[0] == self.bad and not self.dropped:
+            self.dropped = True
+            return
+        self.collector.ack(tup)
+
+
+def test_a_tuple_never_acked_times_its_batch_out_and_the_batch_is_replayed() -> None:
+    spout = Numbers(200)
+    b = TopologyBuilder("groups-timeout", {**BATCHES, "batch.size": 16, "message_timeout_s": 0.5})
+    b.spout("nums", lambda: spout)
+    b.bolt("drop", DropOnce(bad=77)).shuffle("nums")
+    res = run(b.build())
+    assert 77 in spout.failed and len(spout.failed) > 1
+    assert sorted(spout.acked) == list(range(200))
+    assert res.component_totals()["nums"]["replayed"] == len(spout.failed)
+
+
+class InFlight(Numbers):
+    """Records the most tracked tuples in flight it saw at any call."""
+
+    def __init__(self, total: int) -> None:
+        super().__init__(total)
+        self.most = 0
+
+    def next_tuple(self) -> None:
+        self.most = max(self.most, self.i - len(self.acked))
+        super().next_tuple()
+
+
+class Slow(Bolt):
+    def execute(self, tup: Tuple) -> None:
+        sum(range(2000))
+
+
+def test_max_spout_pending_counts_tuples_not_batches() -> None:
+    spout = InFlight(3000)
+    b = TopologyBuilder("groups-pending", {**BATCHES, "batch.size": 20, "max_spout_pending": 100})
+    b.spout("nums", lambda: spout)
+    b.bolt("slow", Slow()).shuffle("nums")
+    run(b.build())
+    assert sorted(spout.acked) == list(range(3000))
+    assert spout.most <= 100 + 20          # the limit, passed by at most the round that reached it
+
+
+def test_granularity_is_checked_and_refused_with_window() -> None:
+    with pytest.raises(ConfigError, match="acking.granularity.*must be one of"):
+        resolve({"acking.granularity": "root"})
+    with pytest.raises(ConfigError, match="acking.granularity.*window acks and re-sends tuple by tuple"):
+        resolve({"acking": True, "acking.granularity": "batch", "backpressure.policy": "window"})
+
+
+# --- worker processes -------------------------------------------------------------------
+
+def _final_counts_spec(batch: bool) -> str:
+    """Sentences -> split -> final count -> SQLite, two tasks each, batch granularity."""
+    example = "topo.examples.wordcount."
+    spec = {
+        "name": "final-counts-groups",
+        "config": {"acking": True, "acking.granularity": "batch", "backpressure.policy": "none"},
+        "spouts": [{"id": "sentences", "class": example + "SentenceSpout", "parallelism": 2,
+                    "kwargs": {"repeat": 400, "batch": 100 if batch else 1}}],
+        "bolts": [{"id": "split", "class": example + ("BatchSplitBolt" if batch else "SplitBolt"), "parallelism": 2},
+                  {"id": "count", "class": example + ("BatchFinalCountBolt" if batch else "FinalCountBolt"),
+                   "parallelism": 2},
+                  {"id": "sink", "class": "topo.sinks.SQLiteSink",
+                   "kwargs": {"path": "final.db", "table": "word_counts", "fields": ["word", "count"],
+                              "key_fields": ["word"]}}],
+        "streams": [{"from": "sentences", "to": "split", "grouping": {"type": "shuffle"}},
+                    {"from": "split", "to": "count", "grouping": {"type": "fields", "fields": ["word"]}},
+                    {"from": "count", "to": "sink", "grouping": {"type": "fields", "fields": ["word"]}}],
+    }
+    return yaml.safe_dump(spec)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("variant", ["per_tuple", "batch"])
+def test_final_counts_are_exact_across_two_workers_with_batch_granularity(tmp_path: Path, variant: str) -> None:
+    """Groups cross workers by columns (their sizes travel), so each is acked once there."""
+    (tmp_path / "final.yaml").write_text(_final_counts_spec(variant == "batch"))
+    proc = subprocess.run([sys.executable, "-m", "topo.cli", "run", "final.yaml", "--quiet", "--workers", "2"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert dict(read_table(str(tmp_path / "final.db"), "word_counts")) == dict(expected_counts(repeat=400))
