@@ -51,7 +51,8 @@ has ``after_drop``: the same figures over the batches that started after the dro
 (``spark_rate_control_<scenario>.png``: every controller's scheduling delay and batch
 size over time on shared axes). The document: 106.18 ms -> 62.89 ms mean scheduling
 delay (0.59x); the goals here: doc001 <= 0.6x pid's mean in both scenarios, <= 0.3x
-fixed's after the drop, throughput within 5% of the best controller.
+fixed's after the drop, throughput within 5% of the best controller; each goal's ratio is
+of the means over all repeats, and ``rounds_met`` says in how many rounds it held alone.
 """
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from topo.api import Bolt, Tuple
 from topo.sources import Bursty, SyntheticSpout
@@ -238,6 +239,7 @@ def aggregate(runs: list[dict[str, Any]], part: str = "kept", window: str = "win
         # time; a window would count the backlog the warm-up left behind as its throughput.
         out["throughput_rows_per_s"] = sum(r["rows"] for r in runs) / sum(r["elapsed_s"] for r in runs)
         out["runs_not_drained"] = sum(1 for r in runs if not r.get("drained", True))
+        out["per_run_throughput_rows_per_s"] = [r["rows"] / r["elapsed_s"] for r in runs]
         out["processed_fraction_of_offered"] = sum(r["rows"] for r in runs) / max(1, sum(r["offered"] for r in runs))
         out["backlog_rows_at_end"] = [r["backlog_rows"] for r in runs]
     del out["input_rows"], out["elapsed_s"]
@@ -282,26 +284,42 @@ def unsettled(summaries: dict[str, dict[str, dict[str, Any]]], target: float) ->
 
 
 def goals(scenarios: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The issue's goals, each with its measured ratio and whether it holds."""
+    """The issue's goals, each with its measured ratio (of the means over all repeats) and
+    whether it holds; ``rounds_met`` / ``rounds``: in how many rounds the same ratio, from
+    that round's runs alone, held (others' load moves every controller's figures between
+    rounds together, so a ratio per round says more about a goal than the ci95 of each
+    controller's mean)."""
     out: dict[str, Any] = {}
 
     def ratio(a: float, b: float) -> float | None:
         return a / b if b else None
 
+    def goal(a: Sequence[float], b: Sequence[float], met: Callable[[float], bool], ra: float, rb: float) -> dict[str, Any]:
+        r = ratio(ra, rb)
+        per_round = [x for x in (ratio(u, v) for u, v in zip(a, b)) if x is not None]
+        return {"ratio": r, "met": r is not None and met(r), "rounds_met": sum(1 for x in per_round if met(x)),
+                "rounds": len(per_round)}
+
+    def delay(x: dict[str, Any]) -> list[float]:
+        return x["per_run_scheduling_delay_mean_ms"]
+
     for scenario, data in scenarios.items():
         s = data["summary"]
         if not {"doc001", "pid"} <= set(s):
             continue
-        r = ratio(s["doc001"]["scheduling_delay_mean_ms"], s["pid"]["scheduling_delay_mean_ms"])
-        out[f"{scenario}: doc001 / pid mean scheduling delay <= 0.6"] = {"ratio": r, "met": r is not None and r <= 0.6}
+        out[f"{scenario}: doc001 / pid mean scheduling delay <= 0.6"] = goal(
+            delay(s["doc001"]), delay(s["pid"]), lambda r: r <= 0.6,
+            s["doc001"]["scheduling_delay_mean_ms"], s["pid"]["scheduling_delay_mean_ms"])
         best = max(x["throughput_rows_per_s"] for x in s.values())
-        t = ratio(s["doc001"]["throughput_rows_per_s"], best)
-        out[f"{scenario}: doc001 throughput >= 0.95 x best"] = {"ratio": t, "met": t is not None and t >= 0.95}
+        best_per_round = [max(t) for t in zip(*(x["per_run_throughput_rows_per_s"] for x in s.values()))]
+        out[f"{scenario}: doc001 throughput >= 0.95 x best"] = goal(
+            s["doc001"]["per_run_throughput_rows_per_s"], best_per_round, lambda r: r >= 0.95,
+            s["doc001"]["throughput_rows_per_s"], best)
         after = data.get("after_drop")
         if after and {"doc001", "fixed"} <= set(after):
-            r = ratio(after["doc001"]["scheduling_delay_mean_ms"], after["fixed"]["scheduling_delay_mean_ms"])
-            out[f"{scenario}: doc001 / fixed mean scheduling delay after the drop <= 0.3"] = {
-                "ratio": r, "met": r is not None and r <= 0.3}
+            out[f"{scenario}: doc001 / fixed mean scheduling delay after the drop <= 0.3"] = goal(
+                delay(after["doc001"]), delay(after["fixed"]), lambda r: r <= 0.3,
+                after["doc001"]["scheduling_delay_mean_ms"], after["fixed"]["scheduling_delay_mean_ms"])
     return out
 
 
@@ -508,10 +526,11 @@ def table(out: dict[str, Any]) -> str:
                              f"{'-' if half is None else f'{half:.1f}'} | {s['scheduling_delay_p95_ms']:.0f} | "
                              f"{s['throughput_rows_per_s']:,.0f} | {s['batches']} / {s['batches_past_next_boundary']} | "
                              f"{s['processing_time_mean_ms']:.0f} / {s['processing_time_sd_ms']:.0f} | {s['repeats']}{stuck} |")
-    lines += ["", "| goal | measured | |", "|---|---|---|"]
+    lines += ["", "| goal | measured (means over all repeats) | | rounds in which it held |", "|---|---|---|---|"]
     for goal, g in out["goals"].items():
         r = g["ratio"]
-        lines.append(f"| {goal} | {'-' if r is None else f'{r:.2f}'} | {'met' if g['met'] else 'not met'} |")
+        lines.append(f"| {goal} | {'-' if r is None else f'{r:.2f}'} | {'met' if g['met'] else 'not met'} | "
+                     f"{g.get('rounds_met', 0)} of {g.get('rounds', 0)} |")
     lines += ["", out["stopped"]["verdict"]]
     return "\n".join(lines)
 
