@@ -427,7 +427,7 @@ class LocalEngine:
         for outbox, r in self._edges.get(component, ()):
             if r.retarget is not None:
                 r.retarget(list(ids), owners)
-                outbox.retarget(r)
+                _retarget_lanes(outbox, r)
 
     def _move_keys(self, component: str, tasks: Sequence[BoltTask]) -> None:
         """Each key's state goes to its group's owner (the topology is drained: synchronous)."""
@@ -666,7 +666,7 @@ class LocalEngine:
                 lane.batch[:] = keep
             if moved:
                 for _, r in self._edges.get(component, ()):
-                    outbox.retarget(r)      # lanes of targets no router uses any more go
+                    _retarget_lanes(outbox, r)      # lanes of targets no router uses any more go
 
     def unfence(self, component: str) -> None:
         """Lift the fence: each held batch, and each put into a fenced target until every
@@ -676,7 +676,8 @@ class LocalEngine:
         held, self._held = self._held, {}
         for hq in held.values():
             hq.lift(functools.partial(self._route_again, routes, hq.inner))
-        outboxes = {id(o): o for o, _ in self._edges.get(component, ())}
+        # (an outbox without a ``before_flush`` hook looks each queue up as it takes the lane)
+        outboxes = {id(o): o for o, _ in self._edges.get(component, ()) if hasattr(o, "before_flush")}
         if not outboxes:
             self._unwrap(held)
             return
@@ -1060,6 +1061,14 @@ class LocalEngine:
                 for st in self.spout_tasks:
                     st.handle_outcomes()
         return False
+
+
+def _retarget_lanes(outbox: Outbox, router: Router) -> None:
+    """``outbox.retarget`` on a copy of its lanes dict: a flush of that outbox suspended
+    halfway through iterating its lanes (waiting for a queue) goes on over the old dict,
+    where adding or dropping a lane would stop it with "dictionary changed size"."""
+    outbox.lanes = dict(outbox.lanes)
+    outbox.retarget(router)
 
 
 @contextlib.contextmanager
