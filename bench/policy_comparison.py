@@ -100,10 +100,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # The combination docs/flow-control.md names for the goals of the matrix.
     "stepwise+search": {"backpressure.fine_steps": 16, "backpressure.bracket_search": True,
                         "backpressure.release_window_ms": 50, "backpressure.queue_smoothing_ms": 50},
+    "stepwise+slopes": {"backpressure.fine_steps": 16, "backpressure.bracket_search": True,
+                        "backpressure.release_window_ms": 50, "backpressure.queue_smoothing_ms": 50,
+                        "backpressure.bracket_light_window_ms": 200, "backpressure.bracket_interpolate": True},
 }
 # Run --repeat times (the others once): the reference, the baseline the goals are read against, the
 # document's default and the named combination.
-REPEATED = ("none", "source_stop", "stepwise", "stepwise+search")
+REPEATED = ("none", "source_stop", "stepwise", "stepwise+search", "stepwise+slopes")
 # (g)'s fast bolt: tuples/s of service between its pauses. Low enough that the process has CPU to
 # spare (without a service rate the bolt was bound by the CPU both cores share, so `none` measured
 # no capacity: the load moved it, and policies that did less work per tuple scored over 1.0).

@@ -1,6 +1,9 @@
 """Document 000's steps 1-15 on the pure policy, with a fake clock."""
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Callable
+
 import pytest
 
 from backpressure.policy.stepwise import (LIGHT, NORMAL, OVERLOADED, Downstream, PeerStates, StepwiseParams,
@@ -998,3 +1001,167 @@ def test_bracket_search_of_light_siblings_only_the_one_holding_most_releases() -
     assert th.k == 8
     w.check(b, 8.5, 0)                   # light at 8, where b overloaded: one part up
     assert th.k == 7 and th.holds == {11: 7}
+
+
+# -- bracket_light_window, bracket_interpolate (settings of bracket_search; off in the document) ----------
+
+def _sloped(**kw: object) -> tuple[World, Downstream, Throttle, StepwiseParams]:
+    params = StepwiseParams(**{"step": 0.5, "high_mark": HIGH, "low_mark": LOW, "sensitivity": 0.2,
+                               "rate_floor": 1.0, "fine_steps": 16, "bracket_search": True,
+                               "release_window": 0.05, "hard_bound": 2 * HIGH, **kw})   # type: ignore[arg-type]
+    w = World(params, rates={1: 20_000.0})
+    return w, Downstream(10, [1], params, 0.0), w.throttle(1), params
+
+
+def _flow(w: World, d: Downstream, th: Throttle, t: float, q: float, cap: float, size: float,
+          until: float, stop: Callable[[], bool] = lambda: False, dt: float = 0.005) -> tuple[float, float]:
+    """A queue fed at the upstream's rate (20,000/s when free) and served at ``cap`` tuples/s of
+    ``size`` bytes, up to the hard bound, observed every ``dt`` as the driver does."""
+    bound = w.params.hard_bound or 2 * w.params.high_mark
+    while t < until - 1e-9 and not stop():
+        t = round(t + dt, 6)
+        rate = th.rate if th.rate is not None else 20_000.0
+        q = min(bound, max(0.0, q + (rate - cap) * size * dt))
+        tick(w, d, t, int(q))
+    return t, q
+
+
+def _until_released(w: World, d: Downstream, th: Throttle, t: float, level: int, limit: float = 5.0) -> float:
+    k = th.k
+    while th.k == k and t < limit:
+        t = round(t + 0.01, 2)
+        tick(w, d, t, level)
+    return t
+
+
+def test_bracket_light_window_holds_a_release_inside_the_bracket_longer_unless_the_queue_is_empty() -> None:
+    w, d, th, params = _sloped(bracket_light_window=0.3)
+    w.check(d, 0.0, HIGH)                     # overloaded at k 0 (over is known from now on): k 16
+    assert th.k == 16 and d.window == 0.3
+    some = LOW // 4                           # under the low mark, over 1/32 of it: the task is not idle
+    t = _until_released(w, d, th, 0.0, some)
+    assert t == 0.31 and th.k == 8            # from the first observation (0.01 s), the bracket's window
+    start = t
+    t = _until_released(w, d, th, t, some)
+    assert t - start == pytest.approx(0.3, abs=0.011)     # every release inside the bracket
+    t = _until_released(w, d, th, t, 0)       # the level 0 from here: this window started at the level
+    start = t                                 # of the release, but the next one is idle throughout
+    t = _until_released(w, d, th, t, 0)
+    assert t - start == pytest.approx(params.release_window, abs=0.011)
+    w2, d2, th2, _ = _sloped()                # 0 (the default): the release window; released at the first
+    w2.check(d2, 0.0, HIGH)                   # periodic check, which reads the step's acknowledgement
+    assert _until_released(w2, d2, th2, 0.0, some) == 0.2
+    assert _until_released(w2, d2, th2, 0.2, some) - 0.2 == pytest.approx(0.05, abs=0.011)
+
+
+@pytest.mark.parametrize("window, released_at", [(0.3, 2.31), (0.0, 0.23)])
+def test_bracket_light_window_a_level_that_rose_under_the_low_mark_is_not_light_until_back_down(
+        window: float, released_at: float) -> None:
+    w, d, th, _ = _sloped(bracket_light_window=window)
+    w.check(d, 0.0, HIGH)                     # k 16
+    t = 0.0
+    while th.k == 16 and t < 2.0:             # from 0 to a quarter of the low mark in 0.2 s, then flat
+        t = round(t + 0.01, 2)
+        tick(w, d, t, int(min(1.0, t / 0.2) * LOW / 4))
+    if window:
+        assert th.k == 16                     # flat, but over where it was lowest: not light
+        t = _until_released(w, d, th, t, 0)   # back down to it from 2.01 s: the bracket's window from there
+    assert th.k < 16 and t == released_at     # (the plain search: the release window after the last rise
+                                              # of 1/16 of the low mark, at 0.18 s)
+
+
+@pytest.mark.parametrize("interpolate, expect", [(True, 26), (False, 24)])
+def test_bracket_interpolate_moves_to_where_the_queue_would_stand_still(interpolate: bool, expect: int) -> None:
+    # The capacity is 6,500/s: k 16 (10,000/s) fills the queue at 3,500 tuples/s, k 32 (5,000/s) drains
+    # it at 1,500/s; on the line between the two the queue stands still at 5,000 + 5,000 x 1,500 / 5,000
+    # = 6,500/s, k 25.9: the interpolation goes to k 26 (6,482/s), the middle of the bracket to 24 (7,071/s).
+    w, d, th, _ = _sloped(bracket_light_window=0.2, bracket_interpolate=interpolate)
+    cap, size = 6_500.0, 10_000.0
+    t, q = _flow(w, d, th, 0.0, 0.9 * HIGH, cap, size, until=10.0, stop=lambda: th.k == 16)
+    t, q = _flow(w, d, th, t, q, cap, size, until=10.0, stop=lambda: th.k == 32)
+    assert q < 1.5 * HIGH                    # the rise at k 16 was measured under the hard bound
+    t, q = _flow(w, d, th, t, q, cap, size, until=20.0, stop=lambda: th.k < 32)
+    assert th.k == expect
+    if interpolate:
+        rates = {k: 20_000.0 * 0.5 ** (k / 16) for k in range(17, 32)}
+        assert th.k == min(rates, key=lambda k: abs(rates[k] - cap))     # the nearest step to it
+        assert d.over_slope[1] == pytest.approx(3_500 * size, rel=0.05)
+        assert d.light_slope[1] == pytest.approx(1_500 * size, rel=0.05)
+
+
+def test_bracket_interpolate_a_rise_read_at_the_hard_bound_is_not_a_slope() -> None:
+    # As above, but the queue reaches the hard bound at k 16 (the upstream would wait on it: the rise seen
+    # is not its rate's): no slope on that side, so the release goes to the middle of the bracket.
+    w, d, th, _ = _sloped(bracket_light_window=0.2, bracket_interpolate=True)
+    cap, size = 6_500.0, 80_000.0
+    t, q = _flow(w, d, th, 0.0, 0.9 * HIGH, cap, size, until=10.0, stop=lambda: th.k == 32)
+    assert 1 not in d.over_slope
+    _flow(w, d, th, t, q, cap, size, until=30.0, stop=lambda: th.k < 32)
+    assert th.k == 24
+
+
+def test_bracket_interpolate_stays_in_the_middle_half_of_the_bracket() -> None:
+    _, d, _, _ = _sloped(bracket_interpolate=True)
+    assert d._interpolated(16, 32, rise=1.0, fall=1e9) == 20      # the capacity next to over: a quarter in
+    assert d._interpolated(16, 32, rise=1e9, fall=1.0) == 28      # next to light: a quarter in
+    assert d._interpolated(16, 32, rise=1.0, fall=1.0) == 24 - 1  # equal slopes: the middle of the rates
+
+
+def test_bracket_interpolate_a_slope_under_a_rate_a_sibling_changed_is_not_used() -> None:
+    w, a, th, params = _sloped(bracket_interpolate=True)
+    b = Downstream(11, [1], params, 0.0)
+    w.check(a, 0.0, HIGH)                     # a steps 0 -> 16 at its level HIGH
+    w.check(b, 0.3, HIGH)                     # b, a sensitivity later: 16 more (k 32)
+    assert th.k == 32 and a.moved[1][2] == 16
+    assert a._slope(1, BACKPRESSURE, th.k, 0.5, 1.2 * HIGH) is None    # a's move set 16, not 32
+    assert a._slope(1, BACKPRESSURE, 16, 0.5, 1.2 * HIGH) == pytest.approx(0.2 * HIGH / 0.5)
+
+
+@pytest.mark.parametrize("interpolate, expect", [(True, 16), (False, 32)])
+def test_bracket_interpolate_reads_the_trend_after_a_step_from_when_the_step_shows(
+        interpolate: bool, expect: int) -> None:
+    # The smoothed level lags the queue: when it crosses the high mark the queue is already well over it,
+    # so after the step (to 10,000/s, just over 9,000/s... under: the capacity is 10,500/s) the smoothed
+    # level keeps rising for a few time constants while the queue itself falls. Read from the step, the
+    # level rose and the document's rule steps again; read from when the step shows, it is falling.
+    w, d, th, _ = _sloped(queue_smoothing=0.05, bracket_interpolate=interpolate)
+    t, q = _flow(w, d, th, 0.0, 0.5 * HIGH, 10_500.0, 1_000.0, until=10.0, stop=lambda: th.k == 16)
+    stepped_at = t
+    _flow(w, d, th, t, q, 10_500.0, 1_000.0, until=stepped_at + 0.25)
+    assert th.k == expect
+
+
+def test_bracket_interpolate_follows_a_raised_originv_instead_of_creeping_from_the_free_rate() -> None:
+    # As in the test of the raised originv above: light was seen at k 1 of originv 20,000 (17,800/s). The
+    # upstream, overloading again at once when let go, now counts from 40,000: the same rate is k 9.
+    # Still overloaded at k 1 of 40,000 (35,600/s): the middle of (1, 9), not one more part (the plain
+    # search, which reads its bracket in the old counts: light at 1 <= k, an overload where it was light).
+    for interpolate, expect in ((True, 5), (False, 2)):
+        params = StepwiseParams(step=0.5, high_mark=HIGH, low_mark=LOW, sensitivity=2.0, rate_floor=1.0,
+                                fine_steps=8, bracket_search=True, bracket_interpolate=interpolate)
+        w = World(params, rates={1: 20_000.0})
+        th = w.throttle(1)
+        w.view = lambda u: replace(view_of(th), originv=th.originv)   # type: ignore[method-assign]
+        d = Downstream(10, [1], params, 0.0)
+        w.check(d, 0.0, HIGH)                 # 8
+        t = 0.0
+        while th.k:
+            t += 2.0
+            w.check(d, t, 0)
+        t += 2.0
+        w.check(d, t, 0)                      # the episode ended
+        w.check(d, t + 0.5, HIGH)
+        assert th.k == 1 and th.originv == 40_000.0
+        w.check(d, t + 2.5, HIGH)
+        assert th.k == expect, interpolate
+
+
+def test_bracket_light_window_and_interpolate_come_from_the_config_and_are_off_by_default() -> None:
+    from topo.config import resolve
+    default = StepwiseParams.from_config(resolve({}))
+    assert default.bracket_light_window == 0.0 and not default.bracket_interpolate
+    p = StepwiseParams.from_config(resolve({"backpressure.bracket_light_window_ms": 200,
+                                            "backpressure.bracket_interpolate": True}))
+    assert p.bracket_light_window == 0.2 and p.bracket_interpolate
+    with pytest.raises(ValueError, match="bracket_light_window"):
+        StepwiseParams(bracket_light_window=-1.0)

@@ -144,9 +144,48 @@ that ``originv`` while free (its rate meter lags such a burst): a source catchin
 on a backlog after the capacity came back, whose pre-episode rate was under the
 new capacity. With the old ``originv`` no step could give it the capacity: it would
 alternate between free bursts into the hard bound and a rate the bottleneck idles at.
-(The downstream does not see the new ``originv``: the bracket it kept now reads one
-whole step faster than it was found, which the rules above correct within a few
-windows; being over the capacity only fills the queue.)
+(Without ``bracket_interpolate`` the downstream does not follow the new ``originv``: the
+bracket it kept now reads one whole step faster than it was found, which the rules above
+correct within a few windows; being over the capacity only fills the queue.)
+
+Two settings of the bracket search (off in the document)
+--------------------------------------------------------
+* ``bracket_light_window``: light evidence that holds inside a bracket. While a rate is
+  known to overload the task (``over`` is known), a release needs the low mark to hold
+  this long, not ``release_window``: a move into the bracket lands near the capacity, and
+  a rate just over it needs time to show, longer still under ``queue_smoothing`` (the
+  smoothed level is still falling to its lowest point while the queue already rises), so
+  a short window reads it as light, the bracket closes on the wrong side and the moves
+  that correct it (1, 2, 4... parts) take seconds. Two exceptions and one more rule:
+  a window in which the level stayed under 1/32 of the low mark (the task idled: the rate
+  is well under its capacity) needs only ``release_window``, so a capacity that came back
+  is still found in a few short windows; with ``over`` unknown (a capacity rising past
+  everything tried) the short window stands; and a level that rose more than 1/16 of the
+  low mark over its lowest point in the window is not light until it is back down there
+  (the plain search starts the window again from the new level, so a slow rise, 1/16 of
+  the low mark per window, fits windows in between).
+* ``bracket_interpolate``: read the bracket in rates and in the queue's slopes.
+  - When both ends of the bracket carry a measured slope of the queue (bytes/s it rose at
+    ``over``, bytes/s it fell at ``light``), the next move goes where the line between them
+    puts the capacity (the rate at which the queue would stand still, ``r_light + (r_over -
+    r_light) x fall / (fall + rise)``: false position instead of bisection), kept in the
+    middle half of the bracket so that a wrong slope still shrinks it by a quarter. A slope
+    is measured from this task's last move on that upstream to the evidence: the rise to the
+    level at the overload, the fall until the level was last seen reaching the low mark. It
+    is not used when the upstream's ``k`` is no longer the one that move set (a sibling
+    moved it, the upstream restarted), when the rise ended nearer the hard bound than the
+    high mark (the upstream may be waiting on the queue) or when the queue was already low
+    at the move (a fall it cannot show).
+  - The trend after a step down is read from when the step can show in the smoothed level
+    (``SETTLE`` time constants of ``queue_smoothing`` after it), not from the check before
+    it: the smoothed level keeps rising for a few time constants after a step that made the
+    queue fall, and "still rising, step again" would read that lag as an overload.
+  - The bracket follows the upstream's ``originv`` (published with its state): when it was
+    raised (a source that overloads as soon as it is let go), the same rates are other step
+    counts, and the bracket is shifted by as many steps (``over`` at 0, the free rate, stays).
+    Without this the bracket kept from the first episode reads one whole step too fast, and
+    the source creeps down from its free rate 1 part at a time while its queue sits at the
+    bound.
 
 Two more settings (off in the document)
 ---------------------------------------
@@ -170,6 +209,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from backpressure.signals import BACKPRESSURE, RELEASE, Signal, TaskState
 
+SETTLE = 3.0    # bracket_interpolate: time constants of the smoothed level after which a step shows in it
 OVERLOADED = "overloaded"
 NORMAL = "normal"
 LIGHT = "light"
@@ -192,6 +232,8 @@ class StepwiseParams:
     release_window: float = 0.0         # seconds the low mark must hold for a release (0: sensitivity)
     flat_queue_holds: bool = False      # a queue over the high mark that stopped growing is not stepped again
     bracket_search: bool = False        # with fine_steps: each move halves the bracket of rates seen (below)
+    bracket_light_window: float = 0.0   # bracket_search: the light window (s) while a rate is known to overload
+    bracket_interpolate: bool = False   # bracket_search: move to where the queue's slopes put the capacity
     hard_bound: int | None = None       # queue bytes at which emit waits (None: 2 x high_mark)
 
     def __post_init__(self) -> None:
@@ -202,9 +244,9 @@ class StepwiseParams:
         if self.sensitivity <= 0 or self.rate_floor <= 0 or self.resend_factor <= 0:
             raise ValueError("sensitivity, rate_floor and resend_factor must be > 0")
         if self.fine_steps < 1 or min(self.originv_memory, self.originv_hold, self.queue_smoothing,
-                                      self.release_window) < 0:
+                                      self.release_window, self.bracket_light_window) < 0:
             raise ValueError("fine_steps must be >= 1; originv_memory, originv_hold, queue_smoothing, "
-                             "release_window >= 0")
+                             "release_window, bracket_light_window >= 0")
 
     @property
     def light_window(self) -> float:
@@ -218,6 +260,12 @@ class StepwiseParams:
         nothing)."""
         bound = self.hard_bound if self.hard_bound is not None else 2 * self.high_mark
         return now_bytes <= before + self.high_mark / 32 and now_bytes < (self.high_mark + bound) / 2
+
+    @property
+    def pinned_level(self) -> float:
+        """Halfway from the high mark to the hard bound: over it an upstream may be waiting on the queue."""
+        bound = self.hard_bound if self.hard_bound is not None else 2 * self.high_mark
+        return (self.high_mark + bound) / 2
 
     @property
     def resend_after(self) -> float:
@@ -236,6 +284,8 @@ class StepwiseParams:
                    release_window=float(config.get("backpressure.release_window_ms", 0.0)) / 1000.0,
                    flat_queue_holds=bool(config.get("backpressure.flat_queue_holds", False)),
                    bracket_search=bool(config.get("backpressure.bracket_search", False)),
+                   bracket_light_window=float(config.get("backpressure.bracket_light_window_ms", 0.0)) / 1000.0,
+                   bracket_interpolate=bool(config.get("backpressure.bracket_interpolate", False)),
                    hard_bound=None if config.get("queue.hard_bound") is None else int(config["queue.hard_bound"]))
 
 
@@ -257,6 +307,7 @@ class UpstreamView:
     granted: Mapping[int, int] = field(default_factory=dict)
     stepped_at: float | None = None
     stepped_by: int = -1
+    originv: float | None = None        # the rate its k counts steps from (None: not published)
 
 
 _NO_VIEW = UpstreamView()
@@ -290,12 +341,20 @@ class Downstream:
         self.creep: dict[int, int] = {}       # bracket_search: the last step down after a contradiction
         self.rise: dict[int, int] = {}        # bracket_search: the last step up after a contradiction
         self.others_seen: dict[int, int] = {} # bracket_search: steps the other downstreams held, last seen
+        self.over_slope: dict[int, float] = {}   # bracket_interpolate: bytes/s the queue rose at k = over
+        self.light_slope: dict[int, float] = {}  # bracket_interpolate: bytes/s the queue fell at k = light
+        self.moved: dict[int, tuple[float, float, int]] = {}   # bracket_interpolate: (when, level, k) of our last move
+        self.low_at: float | None = None      # bracket_interpolate: since when the level is at the low mark
+        self.window = params.light_window     # the light window in force (bracket_light_window inside a bracket)
+        self.settle_at: float | None = None   # bracket_interpolate: when the level shows our last step down
+        self.basis: dict[int, float] = {}     # bracket_interpolate: the upstream's originv the bracket is read in
         self.level = NORMAL
         self.last_check = now
         self.last_bytes: float | None = None  # queue level at the previous periodic check
         self.step_level: float | None = None  # queue level at this task's last step down (flat_queue_holds)
         self.low_since: float | None = None
         self.low_min = 0.0                    # bracket_search: the lowest level since low_since
+        self.low_max = 0.0                    # bracket_light_window: the highest level since low_since
         self.retry_at: float | None = None    # an overloaded check that could not act: retry from then
         self.blocked: set[int] = set()
         self.smoothed: float | None = None    # the queue level under queue_smoothing
@@ -313,24 +372,41 @@ class Downstream:
         self.last_obs = max(now, self.last_obs)
         return self.smoothed
 
+    def _window(self) -> float:
+        """The light window in force: ``self.window``, or the release window while the queue stayed empty."""
+        if self.low_max <= self.params.low_mark / 32:
+            return self.params.light_window
+        return self.window
+
     def observe(self, now: float, queue_bytes: float) -> bool:
         """Record one observation (cheap, on the hot path); True when ``check`` is due."""
         p = self.params
         queue_bytes = self._level(now, queue_bytes)
+        if self.settle_at is not None and now >= self.settle_at:
+            self.settle_at = None
+            self.last_bytes = queue_bytes     # the trend since our step is read from here
         if queue_bytes <= p.low_mark:
+            if self.low_at is None:
+                self.low_at = now
             if self.low_since is None:
-                self.low_since, self.low_min = now, queue_bytes
+                self.low_since, self.low_min, self.low_max = now, queue_bytes, queue_bytes
             elif p.bracket_search and queue_bytes > self.low_min + p.low_mark / 16:
-                self.low_since, self.low_min = now, queue_bytes    # rising under the low mark: not light
+                # Rising under the low mark: not light. Under bracket_light_window the lowest level
+                # stands until the queue comes back down to it (a slow rise cannot fit a window in).
+                self.low_since, self.low_max = now, queue_bytes
+                if not p.bracket_light_window:
+                    self.low_min = queue_bytes
             else:
                 self.low_min = min(self.low_min, queue_bytes)
-                if now - self.low_since >= p.light_window and self.holds:
+                self.low_max = max(self.low_max, queue_bytes)
+                window = self._window()
+                if now - self.low_since >= window and self.holds:
                     if any(u not in self.pending for u in self.holds):
                         return True   # the low mark held for the light window: release now
-                    if now - self.last_check >= p.light_window:
+                    if now - self.last_check >= window:
                         return True   # a release is unacknowledged: look for its acknowledgement
         else:
-            self.low_since = None
+            self.low_since = self.low_at = None
             if queue_bytes >= p.high_mark:
                 if self.level != OVERLOADED:
                     return True
@@ -355,7 +431,8 @@ class Downstream:
             if p.bracket_search:
                 others = sum(v.granted.values()) - v.granted.get(self.task_id, 0)
                 if self.others_seen.get(u, others) != others and self.low_since is not None:
-                    self.low_since, self.low_min = now, queue_bytes   # a sibling moved the rate: a fresh window
+                    self.low_since = now          # a sibling moved the rate: a fresh window
+                    self.low_min = self.low_max = queue_bytes
                 self.others_seen[u] = others
         over = queue_bytes >= p.high_mark
         retry = over and self.level == OVERLOADED and now - self.last_check < p.sensitivity
@@ -385,9 +462,10 @@ class Downstream:
                     continue
                 if draining and (v.k > 0 or self.holds.get(u, 0) > 0):
                     continue  # the rate in force is working: the backlog is falling
-                out.append(self._move(u, BACKPRESSURE, now, v.k if view(u) is not None else None))
+                out.append(self._move(u, BACKPRESSURE, now, v.k if view(u) is not None else None, queue_bytes,
+                                      v.originv))
                 self.step_level = queue_bytes
-        elif self.low_since is not None and now - self.low_since >= p.light_window:
+        elif self.low_since is not None and now - self.low_since >= self._window():
             self.level = LIGHT
             self.blocked, self.retry_at = set(), None
             released = False
@@ -396,18 +474,22 @@ class Downstream:
                     v = view(u)
                     if p.bracket_search and v is not None and not self._leads(v, h):
                         continue      # the sibling holding the most steps releases for the component
-                    out.append(self._move(u, RELEASE, now, None if v is None else v.k))
+                    out.append(self._move(u, RELEASE, now, None if v is None else v.k, queue_bytes,
+                                          None if v is None else v.originv))
                     released = True
             for u in self.upstreams:          # light and holding nothing: the episode is over for u
                 if u not in self.holds and u not in self.pending and self._searched(u):
                     self.ended_at.setdefault(u, now)
             if released:
                 self.low_since = now      # each further step up needs a fresh light window
-                self.low_min = queue_bytes
+                self.low_min = self.low_max = queue_bytes
                 self.step_level = None
         else:
             self.level = NORMAL
             self.blocked, self.retry_at = set(), None
+        if p.bracket_light_window > 0:
+            inside = any(u in self.over for u in self.upstreams if self.holds.get(u) or u in self.pending)
+            self.window = p.bracket_light_window if inside else p.light_window
         return out
 
     def release_all(self, now: float) -> list[Signal]:
@@ -423,15 +505,22 @@ class Downstream:
         self.blocked.add(u)
         self.retry_at = until if self.retry_at is None else min(self.retry_at, until)
 
-    def _move(self, u: int, kind: str, now: float, k: int | None = None) -> Signal:
+    def _move(self, u: int, kind: str, now: float, k: int | None = None, level: float = 0.0,
+              originv: float | None = None) -> Signal:
         """One step down (BACKPRESSURE) or up (RELEASE) of the size this upstream is at.
 
-        ``k`` is the upstream's published step count (None: not seen; our own hold stands in).
+        ``k`` is the upstream's published step count (None: not seen; our own hold stands in);
+        ``level`` the queue level the move was decided on.
         """
         whole = self.params.fine_steps
         h = self.holds.get(u, 0)
         if self.params.bracket_search:
-            return self._send(u, self._bracket(u, kind, h if k is None else k, h, now), kind, now)
+            seen = h if k is None else k
+            mine = self._bracket(u, kind, seen, h, now, level, originv)
+            self.moved[u] = (now, level, seen + mine - h)
+            if kind == BACKPRESSURE and self.params.bracket_interpolate:
+                self.settle_at = now + SETTLE * self.params.queue_smoothing
+            return self._send(u, mine, kind, now)
         ended = self.ended_at.pop(u, None)
         if ended is not None and now - ended >= self.params.originv_memory:
             self.last_dir.pop(u, None)            # a new episode, not the last one coming back
@@ -457,13 +546,64 @@ class Downstream:
         """Whether a step size or a bracket is kept for ``u`` (what ``originv_memory`` may carry over)."""
         return u in self.last_dir or u in self.over or u in self.light
 
-    def _bracket(self, u: int, kind: str, k: int, h: int, now: float) -> int:
-        """``bracket_search``: the hold to ask for, halfway across the bracket the capacity lies in."""
-        whole = self.params.fine_steps
+    def _slope(self, u: int, kind: str, k: int, now: float, level: float) -> float | None:
+        """``bracket_interpolate``: bytes/s the queue rose (BACKPRESSURE) or fell (RELEASE) while the
+        upstream was at ``k`` since our last move on it; None when that was not measured cleanly.
+
+        Rising: from the level at the move to ``level`` now, if the upstream's ``k`` is still the one
+        that move set (no sibling moved it) and the queue is nearer the high mark than the hard bound
+        (at the bound the upstream waits on the queue: its rate is not the one in force). Falling: from
+        the level at the move (over the low mark) until the level first reached the low mark; a queue
+        that was already low shows nothing.
+        """
+        p = self.params
+        mv = self.moved.get(u)
+        if mv is None or mv[2] != k or now <= mv[0]:
+            return None
+        t0, q0, _ = mv
+        if kind == BACKPRESSURE:
+            return (level - q0) / (now - t0) if q0 < level < p.pinned_level else None
+        if self.low_at is None or self.low_at <= t0 or q0 <= p.low_mark:
+            return None
+        return (q0 - p.low_mark) / (self.low_at - t0)
+
+    def _interpolated(self, over: int, light: int, rise: float, fall: float) -> int:
+        """``bracket_interpolate``: the ``k`` whose rate is where the queue would stand still, on the
+        line between ``over`` (the queue rose ``rise`` bytes/s) and ``light`` (it fell ``fall``), kept
+        in the middle half of the bracket so that a wrong slope still shrinks it by a quarter."""
+        p = self.params
+        ratio = 1.0 + (p.step ** ((over - light) / p.fine_steps) - 1.0) * fall / (fall + rise)
+        k = light + p.fine_steps * math.log(ratio) / math.log(p.step)
+        margin = max(1, (light - over) // 4)
+        return min(light - margin, max(over + margin, round(k)))
+
+    def _rebase(self, u: int, originv: float) -> None:
+        """``bracket_interpolate``: the upstream's ``originv`` changed since the bracket was read (it
+        was raised for a source that overloads as soon as it is let go): the same rates are other
+        step counts now. ``over`` at 0 stays (the free rate is not a step of any originv)."""
+        old = self.basis.get(u)
+        self.basis[u] = originv
+        if old is None or old == originv or old <= 0:
+            return
+        shift = round(self.params.fine_steps * math.log(originv / old) / math.log(1.0 / self.params.step))
+        if u in self.light:
+            self.light[u] = max(0, self.light[u] + shift)
+        if self.over.get(u):
+            self.over[u] = max(0, self.over[u] + shift)
+
+    def _bracket(self, u: int, kind: str, k: int, h: int, now: float, level: float = 0.0,
+                 originv: float | None = None) -> int:
+        """``bracket_search``: the hold to ask for, halfway across the bracket the capacity lies in
+        (with ``bracket_interpolate``: where the slopes put the capacity, when both are known)."""
+        p = self.params
+        whole = p.fine_steps
         ended = self.ended_at.pop(u, None) if kind == BACKPRESSURE else None
-        if kind == BACKPRESSURE and k == 0 and (ended is None or now - ended >= self.params.originv_memory):
-            for side in (self.over, self.light, self.creep, self.rise):
+        if kind == BACKPRESSURE and k == 0 and (ended is None or now - ended >= p.originv_memory):
+            for side in (self.over, self.light, self.creep, self.rise, self.over_slope, self.light_slope):
                 side.pop(u, None)                 # a new episode: nothing known yet
+        slope = self._slope(u, kind, k, now, level) if p.bracket_interpolate else None
+        if p.bracket_interpolate and originv is not None:
+            self._rebase(u, originv)
         over, light = self.over.get(u), self.light.get(u)
         creep = self.creep.pop(u, None)
         if kind == BACKPRESSURE:
@@ -478,9 +618,12 @@ class Downstream:
             if creep is not None:
                 target = k + creep
                 self.creep[u] = creep
+            elif light is not None and slope is not None and (fall := self.light_slope.get(u)) and light - k > 2:
+                target = self._interpolated(k, light, slope, fall)
             else:
                 target = max(k + 1, k + whole if light is None else (k + light + 1) // 2)
             over = k
+            self._keep(self.over_slope, u, slope)
         else:
             rise = self.rise.pop(u, None)
             if over is not None and over >= k:
@@ -490,16 +633,27 @@ class Downstream:
             if rise is not None:
                 target = k - rise
                 self.rise[u] = rise
+            elif over is not None and slope is not None and (up := self.over_slope.get(u)) and k - over > 2:
+                target = self._interpolated(over, k, up, slope)
             else:
                 target = min(k - 1, k - whole if over is None else (over + k) // 2)
             light = k
+            self._keep(self.light_slope, u, slope)
         for side, val in ((self.over, over), (self.light, light)):
-            if val is None:
-                side.pop(u, None)
-            else:
-                side[u] = val
+            self._keep(side, u, val)
+        if over is None:
+            self.over_slope.pop(u, None)
+        if light is None:
+            self.light_slope.pop(u, None)
         mine = h + (target - k)                   # in our own hold (siblings' steps stay theirs)
         return max(h + 1, mine) if kind == BACKPRESSURE else max(0, min(h - 1, mine))
+
+    @staticmethod
+    def _keep(side: dict[int, Any], u: int, val: Any) -> None:
+        if val is None:
+            side.pop(u, None)
+        else:
+            side[u] = val
 
     def _send(self, u: int, k: int, kind: str, now: float) -> Signal:
         self.seq += 1
@@ -765,7 +919,7 @@ class PeerStates:
         self.states[task] = state
         self.views[task] = UpstreamView(
             state.k, state.at_floor, state.applied, state.granted,
-            None if state.step_age is None else now - state.step_age, state.stepped_by)
+            None if state.step_age is None else now - state.step_age, state.stepped_by, state.originv)
         for tid, th in self.throttles.items():
             held = state.holds.get(tid, 0)
             if held or task in th.holds:
