@@ -29,7 +29,7 @@ from runtime.local.engine import RunResult
 from runtime.local.workers import Supervisor
 
 sys.path.insert(0, str(Path(__file__).parent / "data"))
-from autoscaling_components import FinalKeyedCount, PacedWords, truth  # noqa: E402
+from autoscaling_components import FinalKeyedCount, PacedWords, ScheduledWords, SlowThenFastCount, truth  # noqa: E402,E501
 from zk_server import zookeeper  # noqa: E402,F401  (the session fixture)
 
 pytestmark = pytest.mark.timeout(300)
@@ -170,3 +170,32 @@ def test_a_worker_killed_mid_rescale_loses_no_tuple(tmp_path: Path, phase: str) 
     assert not src["dead_lettered"]
     if phase == "fence":
         assert src["replayed"] > 0, "the tuples worker 1 held were not replayed"
+
+
+@pytest.mark.slow
+def test_the_adaptive_driver_scales_a_keyed_count_out_and_back_in_across_workers(tmp_path: Path) -> None:
+    """Document 004's rule across workers: the spout's driver (worker 0) sees its coefficient
+    at the floor with both counting tasks flagged (one of them in worker 1, through the
+    coordinator) and asks the supervisor for a third task; when the load goes away a
+    worker's driver asks for it to go. Counts stay exact."""
+    now = time.time()
+    calm_at, end_at = now + 14, now + 26
+    db = str(tmp_path / "counts.db")
+    b = TopologyBuilder("autoscale-driver-workers", {
+        "acking": True, "backpressure.policy": "adaptive", "queue.high_mark": "50KB", "queue.low_mark": "5KB",
+        "queue.hard_bound": "100KB", "backpressure.adaptive.window_ms": 1000, "backpressure.adaptive.samples": 10,
+        "backpressure.adaptive.check_interval_ms": 100, "backpressure.adaptive.max_parallelism": 3,
+        "backpressure.adaptive.cooldown_ms": 2000, "max_spout_pending": 100_000})
+    b.spout("src", ScheduledWords(high=5000.0, low=200.0, calm_at=calm_at, end_at=end_at))
+    b.bolt("count", SlowThenFastCount(per_task=400.0, fast_at=calm_at), parallelism=2).fields("src", "word")
+    b.bolt("sink", SQLiteSink(db, "counts", ["word", "count"], ["word"])).shuffle("count")
+    run = Running(b.build())
+    result = run.join()
+    kinds = [(r.kind, r.task, r.tasks_after, r.asked_by is not None) for r in run.sup.rescales if r.task is not None]
+    assert kinds[:2] == [("add", 5, 3, True), ("remove", 5, 2, True)], run.sup.rescales
+    out, back = (r for r in run.sup.rescales if r.task is not None)
+    src = result.component_totals()["src"]
+    assert not src["failed"] and not src["dead_lettered"], src
+    assert dict(read_table(db, "counts")) == truth(src["acked"]), "a count is off across the driver's rescales"
+    print(f"driver across workers: add asked by worker {out.asked_by} (spouts held {out.paused_ms:.0f} ms), "
+          f"remove asked by worker {back.asked_by}; {src['acked']} words counted exactly")

@@ -61,6 +61,7 @@ class Rescale:
     tasks_after: int
     paused_ms: float = 0.0       # spouts held (keyed rescales only)
     why: str = ""
+    asked_by: int | None = None  # the worker whose adaptive driver asked (None: ``request_scale``)
 
 
 class Abandoned(Exception):

@@ -424,6 +424,7 @@ class Supervisor:
             worker, rid, kind, component, tasks_after = self.requests.popleft()
             outcome = self._rescale(kind, component, tasks_after)
             if outcome is not None:
+                outcome.asked_by = worker
                 self.rescales.append(outcome)
             if worker is not None:
                 task = outcome.task if outcome is not None else None

@@ -50,3 +50,48 @@ class FinalKeyedCount(KeyedBolt):
     def end_of_input(self) -> None:
         for word, state in self.keyed_state():
             self.collector.emit([word, state["n"]])
+
+
+class ScheduledWords(Spout):
+    """Offers ``high`` words/s until the wall-clock time ``calm_at``, then ``low`` words/s until
+    ``end_at``, then ends: a source whose load goes away. Words are ``WORDS`` round robin by
+    index, tracked by the index, so the words of the indexes acked are what was counted."""
+
+    outputs = ["word", "pad"]
+
+    def __init__(self, high: float, low: float, calm_at: float, end_at: float) -> None:
+        self.high, self.low, self.calm_at, self.end_at = high, low, calm_at, end_at
+        self.pad, self.i = "x" * 64, 0
+        self.t0: float | None = None
+        self.base = 0
+
+    async def next_tuple(self) -> None:
+        import time
+        now = time.time()
+        if now >= self.end_at:
+            raise EndOfStream
+        rate = self.high if now < self.calm_at else self.low
+        if self.t0 is None or (now >= self.calm_at and self.t0 < self.calm_at):
+            self.t0, self.base = now, self.i
+        due = int((now - self.t0) * rate) - (self.i - self.base)
+        if due > 256:                 # throttled: owe at most one call's catch-up
+            self.t0, self.base, due = now, self.i, 256
+        for _ in range(max(0, due)):
+            self.collector.emit([WORDS[self.i % len(WORDS)], self.pad], msg_id=self.i)
+            self.i += 1
+        await asyncio.sleep(0.002)
+
+
+class SlowThenFastCount(FinalKeyedCount):
+    """``FinalKeyedCount`` at no more than ``per_task`` words/s per task until the wall-clock
+    time ``fast_at``, then at full speed."""
+
+    def __init__(self, per_task: float, fast_at: float) -> None:
+        self.per_task, self.fast_at, self.k = per_task, fast_at, 0
+
+    async def execute(self, tup: Tuple) -> None:   # type: ignore[override]
+        import time
+        KeyedBolt.execute(self, tup)
+        self.k += 1
+        if self.k % 20 == 0 and time.time() < self.fast_at:
+            await asyncio.sleep(20 / self.per_task)
