@@ -305,14 +305,30 @@ class OffsetWords(Words):
         self.i = state
 
 
-def test_checkpoints_leave_every_bolt_unscaled_under_auto_and_are_refused_under_true(tmp_path: Any) -> None:
+class OwnState(Sink):
+    """A bolt that checkpoints a state of its own (not keyed)."""
+
+    def snapshot_state(self) -> int:
+        return 0
+
+    def restore_state(self, state: int) -> None:
+        pass
+
+
+def test_checkpoints_leave_only_bolts_with_unkeyed_state_unscaled_and_refuse_them_under_true(tmp_path: Any) -> None:
+    """A restore gives each task its index's state: a stateless bolt, or keyed state (which
+    the restore hands to its keys' owners), may grow; a bolt with a state of its own not."""
     b = TopologyBuilder("scale-checkpointed")
     b.spout("src", OffsetWords(10))
     b.bolt("pass", Sink(Seen()), parallelism=2).shuffle("src")
+    b.bolt("tally", OwnState(Seen()), parallelism=2).shuffle("src")
+    b.bolt("count", Count(), parallelism=2).fields("src", "word")
     cp = {"checkpoint.interval_ms": 1000, "checkpoint.dir": str(tmp_path)}
-    assert LocalEngine(b.build(), adaptive(**cp)).scalable == frozenset()
-    with pytest.raises(ConfigError, match="^config 'backpressure.adaptive.autoscale': autoscaling cannot run with checkpoints"):
+    assert LocalEngine(b.build(), adaptive(**cp)).scalable == frozenset({"pass", "count"})
+    with pytest.raises(ConfigError, match="^config 'backpressure.adaptive.autoscale': bolt 'tally' checkpoints state "
+                                          "of its own .* could not give an added task's state back"):
         LocalEngine(b.build(), adaptive(**cp, **{"backpressure.adaptive.autoscale": "true"}))
+    assert LocalEngine(b.build(), adaptive()).scalable == frozenset({"pass", "tally", "count"})   # no checkpoints
 
 
 def test_key_fields_other_than_the_grouping_fields_are_refused() -> None:

@@ -22,11 +22,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
+import msgpack
+
 from topo.api import Bolt, CheckpointError, ComponentError, FieldIndex, Spout, TaskContext
 from topo.config import ConfigError, ResolvedConfig, resolve
 from topo.groupings import (FieldsGrouping, LoadAwareGrouping, LocalOrShuffleGrouping, Router, ShuffleGrouping,
                              key_group, spread_key_groups)
-from topo.state import KeyedBolt
+from topo.state import KeyedBolt, hashable_key
 from topo.topology import Topology
 from backpressure.seams import FlowControl
 from runtime.local.acker import Acker
@@ -131,13 +133,20 @@ def keyed_inputs(topology: Topology, component: str) -> list[FieldsGrouping]:
 
 
 def scaling_obstacle(topology: Topology, config: ResolvedConfig, component: str) -> str | None:
-    """Why autoscaling ``component`` could not keep results exact, or None."""
-    if config["checkpoint.interval_ms"] is not None:
-        return "autoscaling cannot run with checkpoints (a checkpoint holds a fixed set of tasks)"
+    """Why autoscaling ``component`` could not keep results exact, or None.
+
+    With checkpoints a restore gives each task the state of its index: an added task's
+    state would be lost by a restore with fewer tasks, unless it is keyed state, which the
+    restore gives to the owners of its keys (``_regroup_restored``; across workers the
+    checkpoint keeps the tasks as they were, ``placement.Layout``)."""
     keyed = keyed_inputs(topology, component)
+    bolt = topology.components[component].instance()
+    if config["checkpoint.interval_ms"] is not None and type(bolt).has_state() and not keyed:
+        return (f"bolt {component!r} checkpoints state of its own (snapshot_state) and is not a KeyedBolt "
+                f"behind fields grouping, so a restore with another number of tasks could not give an added "
+                f"task's state back")
     if not keyed:
         return None
-    bolt = topology.components[component].instance()
     for g in keyed:
         if not isinstance(bolt, KeyedBolt):
             return (f"bolt {component!r} is fed by fields grouping on {list(g.fields)} but is not a "
@@ -283,6 +292,13 @@ class LocalEngine:
         else:
             self.bolt_tasks.append(task)
         self.tasks.append(task)
+        self._checkpoint_tasks()
+
+    def _checkpoint_tasks(self) -> None:
+        """The checkpointer snapshots the tasks there are now (autoscaling adds and removes some)."""
+        checkpointer = getattr(self, "checkpointer", None)
+        if checkpointer is not None:
+            checkpointer.bolts = list(self.bolt_tasks)
 
     def _make_checkpointer(self) -> Checkpointer | None:
         """With ``checkpoint.interval_ms`` set: every spout must keep offsets; failed tuples
@@ -331,6 +347,8 @@ class LocalEngine:
         async with self._rescaling:
             keyed = component in self.key_owners
             self._drained_ms = 0.0
+            if keyed and self.run_state.paused:       # a checkpoint is draining the topology
+                return None
             if keyed and not await self._pause_drained(component):
                 return None
             try:
@@ -393,7 +411,7 @@ class LocalEngine:
             task = next(b for b in self.bolt_tasks if b.task_id == victim)
             keyed = component in self.key_owners
             if keyed:
-                if not await self._pause_drained(component):
+                if self.run_state.paused or not await self._pause_drained(component):
                     return None
                 try:
                     ids.remove(victim)
@@ -444,6 +462,22 @@ class LocalEngine:
                 n += 1
         log.info("autoscaling: %d keys of %r moved with their key groups", n, component)
 
+    def _regroup_restored(self, states: dict[str, dict[int, bytes]]) -> None:
+        """After a restore in one process: the keyed state of tasks autoscaling had added
+        (indexes past the current tasks) goes to its keys' owners, and every key of a
+        scalable keyed component moves to its group's owner now (the checkpoint may have
+        been taken under other owners)."""
+        for comp in self.key_owners:
+            tasks = [b for b in self.bolt_tasks if b.component == comp]
+            owners = self.key_owners[comp]
+            bolts = {b.task_id: b.bolt for b in tasks}
+            for index, packed in states.get(comp, {}).items():
+                if index >= len(tasks):
+                    for k, v in msgpack.unpackb(packed, raw=False, strict_map_key=False):
+                        k = hashable_key(k)
+                        bolts[owners[key_group(k)]].give_keys([(k, v)])   # type: ignore[attr-defined]
+            self._move_keys(comp, tasks)
+
     def _link_downstream(self, tid: int, component: str, *, add: bool) -> None:
         """Tasks fed by ``component`` list ``tid`` among their upstreams (or no longer)."""
         fed = {d.id for d, _ in self.topology.downstream(component)}
@@ -471,6 +505,7 @@ class LocalEngine:
         self.bolt_tasks.remove(task)
         self.tasks.remove(task)
         self.retired.append(task)
+        self._checkpoint_tasks()
         del self.queues[task.task_id], self.targets[task.task_id]
         self._all_tasks = self._all_tasks - {task.task_id}
         self._forget_edges_of(task.outbox)
@@ -867,7 +902,9 @@ class LocalEngine:
         self._open_components()
         try:
             if self.checkpointer is not None:
-                self.checkpointer.restore()
+                restored = self.checkpointer.restore()
+                if restored is not None and self.network is None:
+                    self._regroup_restored(restored.states)
             if self.network is not None:
                 acker = self.acker     # (an Acker is falsy while its ledger is empty: test for None)
                 await self.network.start(self.queues,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from typing import Any
 
 from topo.topology import Topology
 
@@ -63,6 +64,17 @@ class Layout:
 
     def copy(self) -> "Layout":
         return copy.deepcopy(self)
+
+    def to_record(self) -> dict[str, Any]:
+        """Plain data (msgpack): what a checkpoint keeps so a rollback rebuilds these tasks."""
+        return {"workers": self.workers, "task_ids": self.task_ids, "owner": self.owner,
+                "next_id": self.next_id, "key_owners": self.key_owners}
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> "Layout":
+        return cls(int(record["workers"]), {c: list(ids) for c, ids in record["task_ids"].items()},
+                   {int(t): int(w) for t, w in record["owner"].items()}, int(record["next_id"]),
+                   {c: list(o) for c, o in record["key_owners"].items()})
 
     def worker_for_new_task(self, component: str) -> int:
         """The worker an added task of ``component`` runs on (see the module docstring)."""

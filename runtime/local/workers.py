@@ -64,6 +64,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import msgpack
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
@@ -106,6 +107,17 @@ def check_shippable(topology: Topology, config: dict[str, Any]) -> None:
     except Exception as e:
         raise TopologyError(f"topology {topology.name!r} cannot be shipped to a worker process ({e}); define its "
                             f"components in an importable module, not in a notebook or a function") from None
+
+
+# Not a component: the entry of a checkpoint that keeps the tasks its states belong to.
+LAYOUT_STATE = "topo:layout"
+
+
+def _layout_of(checkpoint: Any) -> Layout | None:
+    """The layout a checkpoint of worker processes was taken with (None: none kept)."""
+    if checkpoint is None or LAYOUT_STATE not in checkpoint.states:
+        return None
+    return Layout.from_record(msgpack.unpackb(checkpoint.states[LAYOUT_STATE][0], raw=False, strict_map_key=False))
 
 
 def topology_graph(topology: Topology) -> dict[str, tuple[bool, list[int], list[str]]]:
@@ -235,12 +247,17 @@ class WorkerMetrics(MetricsService):
 
 
 def _worker_main(topology: Topology, config: dict[str, Any], worker: int, layout: Layout, directory: str,
-                 conn: Any) -> None:
-    """Entry point of one worker process."""
+                 conn: Any, close: Sequence[Any] = ()) -> None:
+    """Entry point of one worker process. ``close``: a forked worker's copies of the
+    supervisor's ends of the pipes (its own included: it must see EOF when the supervisor dies)."""
     import uvloop
 
+    for c in close:
+        c.close()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(level=logging.WARNING, format=f"worker {worker}: %(levelname)s %(name)s: %(message)s")
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)     # (a forked worker has the supervisor's handler)
+    logging.basicConfig(level=logging.WARNING, format=f"worker {worker}: %(levelname)s %(name)s: %(message)s",
+                        force=True)
     uvloop.run(_worker(topology, ResolvedConfig(config), worker, layout, directory, conn))
 
 
@@ -374,15 +391,26 @@ class Supervisor:
             latest = self.store.latest()
             self.last_checkpoint = latest.id if latest is not None else 0
             self.worker_config["checkpoint.restore"] = True
+            self.layout = _layout_of(latest) or self.layout     # the tasks its states belong to
         for i in range(self.workers):
             self.procs.append(self._spawn(i))
+
+    def _forkable(self) -> bool:
+        """Whether a worker may be forked, not spawned: a forked worker starts in milliseconds
+        with every module imported (a spawned one imports them all again, a third of a second
+        of a short run), and forking is safe only from a process with one thread and nothing a
+        child must not share (a served coordinator, an open checkpoint store)."""
+        return ("fork" in mp.get_all_start_methods() and threading.active_count() == 1
+                and self.coordinator is None and self.store is None)
 
     def _spawn(self, i: int, restarts: int = 0) -> _Worker:
         parent, child = self._ctx.Pipe()
         assert self.layout is not None
-        p = self._ctx.Process(target=_worker_main, name=f"topo-worker-{i}",
-                              args=(self.topology, self.worker_config, i, self.layout, self.directory, child),
-                              daemon=True)
+        ctx, close = ((mp.get_context("fork"), (parent, *(w.conn for w in self.procs))) if self._forkable()
+                      else (self._ctx, ()))
+        p = ctx.Process(target=_worker_main, name=f"topo-worker-{i}",
+                        args=(self.topology, self.worker_config, i, self.layout, self.directory, child, close),
+                        daemon=True)
         p.start()
         child.close()
         return _Worker(i, p, parent, restarts)
@@ -608,7 +636,8 @@ class Supervisor:
         # once would feed another worker's bolts before that worker's snapshot, and the
         # restored state would count those tuples while the spout's offset does not.
         self._tell("snapshot")
-        states: dict[str, dict[int, bytes]] = {}
+        assert self.layout is not None
+        states: dict[str, dict[int, bytes]] = {LAYOUT_STATE: {0: msgpack.packb(self.layout.to_record())}}
         for w in self.procs:
             reply = self._await(w, "states")
             if reply is None:
@@ -652,6 +681,8 @@ class Supervisor:
             raise CheckpointError(f"{why}; gave up after {self.rollbacks - 1} rollbacks to the last checkpoint in a "
                                   f"row (checkpoint.max_rollbacks)")
         self.worker_config["message_timeout_s"] = self.worker_config["message_timeout_s"] * 2
+        assert self.store is not None     # the tasks as they were at that checkpoint (autoscaling)
+        self.layout = _layout_of(self.store.latest()) or Layout.initial(self.topology, self.workers)
         log.warning("%s: every worker rolls back to checkpoint %d (message_timeout_s now %g s)", why,
                     self.last_checkpoint, self.worker_config["message_timeout_s"])
         for w in self.procs:

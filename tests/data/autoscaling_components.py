@@ -36,6 +36,12 @@ class PacedWords(Spout):
             self.i += 1
         await asyncio.sleep(self.pause_s)
 
+    def snapshot_state(self) -> int:      # the offset (checkpoints)
+        return self.i
+
+    def restore_state(self, state: int) -> None:
+        self.i = state
+
 
 class FinalKeyedCount(KeyedBolt):
     """Counts words in keyed state (what a rescale moves between workers) and emits each
