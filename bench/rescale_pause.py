@@ -16,7 +16,14 @@ Two sinks: as fast as the counts (the pause is what the count queue holds) and a
 sink slower than the counts (a slow stage *downstream* of the rescaled component:
 the pause does not wait for it). Counts are checked exact at the end.
 
-``python -m bench rescale_pause`` writes ``bench/results/rescale_pause.json``.
+``--workers 2`` runs the same cases in two worker processes (``runtime.local.rescaling``:
+the supervisor fences the component on every worker, waits until it is still, moves
+the key groups' state between the processes and lifts the fence; the pause is each
+``Rescale.paused_ms``). The spout and the sink write what they emitted and the highest
+count per word they saw to files when they close; counts exact means those agree.
+
+``python -m bench rescale_pause`` writes ``bench/results/rescale_pause.json``
+(``rescale_pause_workers.json`` with ``--workers 2``).
 """
 from __future__ import annotations
 
@@ -59,14 +66,18 @@ class Tally:
 class Words(Spout):
     outputs = ["word", "pad"]
 
-    def __init__(self, tally: Tally) -> None:
-        self.tally, self.i = tally, 0
+    def __init__(self, tally: Tally, dump: str = "") -> None:
+        self.tally, self.i, self.dump = tally, 0, dump
 
     def next_tuple(self) -> None:
         w = WORDS[self.i % len(WORDS)]
         self.i += 1
         self.tally.emitted[w] += 1
         self.collector.emit([w, PAD])
+
+    def close(self) -> None:
+        if self.dump:          # in a worker process: what it emitted, for the supervisor's check
+            Path(self.dump, f"emitted-{os.getpid()}.json").write_text(json.dumps(self.tally.emitted))
 
 
 class Count(KeyedBolt):
@@ -89,8 +100,12 @@ class Count(KeyedBolt):
 
 
 class Sink(Bolt):
-    def __init__(self, tally: Tally, tps: float) -> None:
-        self.tally, self.tps, self.due = tally, tps, 0.0
+    def __init__(self, tally: Tally, tps: float, dump: str = "") -> None:
+        self.tally, self.tps, self.due, self.dump = tally, tps, 0.0, dump
+
+    def cleanup(self) -> None:
+        if self.dump:          # in a worker process: the highest count per word seen
+            Path(self.dump, f"final-{os.getpid()}.json").write_text(json.dumps(self.tally.final))
 
     async def execute(self, tup: Tuple) -> None:
         w, n = tup["word"], tup["n"]
@@ -102,16 +117,70 @@ class Sink(Bolt):
             await asyncio.sleep(self.due - now)
 
 
-async def run_case(count_tps: float, sink_tps: float, rounds: int) -> dict[str, Any]:
-    tally = Tally()
+def topology(tally: Tally, count_tps: float, sink_tps: float, dump: str = "") -> Any:
     b = TopologyBuilder("rescale-pause", {
         "backpressure.policy": "adaptive", "backpressure.adaptive.cooldown_ms": 3_600_000,
         "backpressure.adaptive.max_parallelism": 3, "queue.hard_bound": "128KB", "queue.high_mark": "64KB",
         "queue.low_mark": "16KB", "drain_timeout_s": 30})
-    b.spout("words", Words(tally))
+    b.spout("words", Words(tally, dump))
     b.bolt("count", Count(count_tps), parallelism=2).fields("words", "word")
-    b.bolt("sink", Sink(tally, sink_tps)).shuffle("count")
-    engine = LocalEngine(b.build())
+    b.bolt("sink", Sink(tally, sink_tps, dump)).shuffle("count")
+    return b.build()
+
+
+def _summary(count_tps: float, sink_tps: float, pauses: list[float], exact: bool) -> dict[str, Any]:
+    return {"count_tps_per_task": count_tps, "sink_tps": sink_tps, "rescales": len(pauses),
+            "pause_ms": [round(p, 1) for p in pauses], "median_ms": round(statistics.median(pauses), 1),
+            "max_ms": round(max(pauses), 1), "counts_exact": exact}
+
+
+def run_case_workers(count_tps: float, sink_tps: float, rounds: int, workers: int) -> dict[str, Any]:
+    """The same case in ``workers`` processes: words on worker 0, the counts on 1 and 0."""
+    import tempfile
+    import threading
+
+    from runtime.local.workers import Supervisor
+    from topo.config import resolve
+
+    with tempfile.TemporaryDirectory(prefix="rescale-pause-") as directory:
+        t = topology(Tally(), count_tps, sink_tps, dump=directory)
+        sup = Supervisor(t, resolve(t.config, {}), workers, directory)
+        failed: list[BaseException] = []
+
+        def rescale() -> None:
+            try:
+                for kind in ["add", "remove"] * rounds:
+                    time.sleep(1.0)                        # the queues fill up again
+                    done = len(sup.rescales)
+                    sup.request_scale("count", kind)
+                    while len(sup.rescales) == done:
+                        time.sleep(0.01)
+                    assert sup.rescales[-1].task is not None, sup.rescales[-1]
+            except BaseException as e:
+                failed.append(e)
+            sup.stop_soon("stopped")
+
+        try:
+            sup.start()
+            threading.Thread(target=rescale, daemon=True).start()
+            sup.supervise(None)
+        finally:
+            sup.stop_all()
+        if failed:
+            raise failed[0]
+        emitted: Counter[str] = Counter()
+        final: dict[str, int] = {}
+        for f in Path(directory).glob("emitted-*.json"):
+            emitted.update(json.loads(f.read_text()))
+        for f in Path(directory).glob("final-*.json"):
+            for w, n in json.loads(f.read_text()).items():
+                final[w] = max(n, final.get(w, 0))
+        return _summary(count_tps, sink_tps, [r.paused_ms for r in sup.rescales], final == dict(emitted))
+
+
+async def run_case(count_tps: float, sink_tps: float, rounds: int) -> dict[str, Any]:
+    tally = Tally()
+    engine = LocalEngine(topology(tally, count_tps, sink_tps))
 
     async def rescale() -> None:
         for _ in range(rounds):
@@ -125,32 +194,36 @@ async def run_case(count_tps: float, sink_tps: float, rounds: int) -> dict[str, 
     await engine.run()
     await driver
     pauses = [ms for _, _, _, ms in engine.rescales]
-    exact = tally.final == {w: n for w, n in tally.emitted.items()}
-    return {"count_tps_per_task": count_tps, "sink_tps": sink_tps, "rescales": len(pauses),
-            "pause_ms": [round(p, 1) for p in pauses], "median_ms": round(statistics.median(pauses), 1),
-            "max_ms": round(max(pauses), 1), "counts_exact": exact}
+    return _summary(count_tps, sink_tps, pauses, tally.final == {w: n for w, n in tally.emitted.items()})
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench rescale_pause")
     ap.add_argument("--rounds", type=int, default=5, help="add + remove pairs per case")
+    ap.add_argument("--workers", type=int, default=1, help="worker processes (1: one process)")
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv if argv is not None else [])
     load0 = os.getloadavg()
-    cases = [uvloop.run(run_case(2_000.0, 20_000.0, args.rounds)),     # the counts are the bottleneck
-             uvloop.run(run_case(2_000.0, 1_000.0, args.rounds))]      # a slower sink downstream of them
+    speeds = [(2_000.0, 20_000.0),      # the counts are the bottleneck
+              (2_000.0, 1_000.0)]       # a slower sink downstream of them
+    if args.workers > 1:
+        cases = [run_case_workers(c, s, args.rounds, args.workers) for c, s in speeds]
+    else:
+        cases = [uvloop.run(run_case(c, s, args.rounds)) for c, s in speeds]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).parent).stdout.strip()
-    report = {"cases": cases, "load_start": load0, "load_end": os.getloadavg(), "commit": commit,
-              "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    report = {"cases": cases, "workers": args.workers, "load_start": load0, "load_end": os.getloadavg(),
+              "commit": commit, "python": platform.python_version(),
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "rescale_pause.json").write_text(json.dumps(report, indent=1) + "\n")
+    name = "rescale_pause.json" if args.workers == 1 else "rescale_pause_workers.json"
+    (out / name).write_text(json.dumps(report, indent=1) + "\n")
     for c in cases:
         print(f"count {c['count_tps_per_task']:.0f}/s per task, sink {c['sink_tps']:.0f}/s: "
               f"{c['rescales']} rescales, pause median {c['median_ms']} ms, max {c['max_ms']} ms, "
               f"counts exact: {c['counts_exact']}")
-    print(f"load {load0[0]:.2f} -> {report['load_end'][0]:.2f}; wrote {out / 'rescale_pause.json'}")
+    print(f"load {load0[0]:.2f} -> {report['load_end'][0]:.2f}; wrote {out / name}")
 
 
 if __name__ == "__main__":

@@ -450,6 +450,9 @@ class Supervisor:
         """Carry out the queued rescales, one at a time (``rescaling.Rescaler``)."""
         while self.requests:
             worker, rid, kind, component, tasks_after = self.requests.popleft()
+            if kind == "stop":                       # (``stop_soon``)
+                self.request_stop(component)
+                continue
             outcome = self._rescale(kind, component, tasks_after)
             if outcome is not None:
                 outcome.asked_by = worker
@@ -491,7 +494,9 @@ class Supervisor:
 
     def _decline_requests(self) -> None:
         while self.requests:
-            worker, rid, *_ = self.requests.popleft()
+            worker, rid, kind, *_ = self.requests.popleft()
+            if kind == "stop":
+                continue
             if worker is not None:
                 try:
                     self.procs[worker].conn.send(("scaled", rid, None))
@@ -519,10 +524,16 @@ class Supervisor:
         worker's pipe, so the loop of ``supervise`` acts on it, not the handler."""
         self.signals += 1
 
+    def stop_soon(self, reason: str) -> None:
+        """``request_stop`` from another thread: the loop acts on it (one writer per pipe)."""
+        self.requests.append((None, 0, "stop", reason, None))
+
     def _act_on_signals(self) -> None:
         while self.signals_seen < self.signals:
             self.signals_seen += 1
             self.request_stop("signal")
+        if self.requests and self.requests[0][2] == "stop":
+            self.request_stop(self.requests.popleft()[3])
 
     def request_stop(self, reason: str) -> None:
         if self.stopping:
