@@ -25,8 +25,7 @@ two kinds of edge mix in one tree.
 """
 from __future__ import annotations
 
-from itertools import repeat
-from operator import attrgetter, is_
+from operator import attrgetter
 from typing import Callable, Sequence
 
 from topo.api import Tuple
@@ -45,12 +44,18 @@ class AckGroup(list):  # type: ignore[type-arg]
     """The shared ack cell of a group of tuples (batch granularity): ``[xor, left]``, the
     XOR of the ids of the edges anchored to any of them and how many are not yet
     processed. A per-tuple cell is a plain one-item list ``[xor]``; both are read
-    through ``ack_tuple``. Compared and hashed by identity (one group, one object)."""
+    through ``ack_tuple``. Compared and hashed by identity (one group, one object), so
+    ``list.count`` finds the tuples of one group at C speed: it tries identity first, and
+    a group is never equal to another group, a per-tuple cell (a shorter list) or None."""
 
     __slots__ = ()
-    __eq__ = object.__eq__      # type: ignore[assignment]
-    __ne__ = object.__ne__      # type: ignore[assignment]
     __hash__ = object.__hash__  # type: ignore[assignment]
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __ne__(self, other: object) -> bool:
+        return self is not other
 
 
 def new_group() -> AckGroup:
@@ -116,7 +121,7 @@ class Acker:
         first = tuples[0].ackcell
         if first is not None and len(first) == 2:
             cells = list(map(_cell, tuples))
-            if all(map(is_, cells, repeat(first))):
+            if cells.count(first) == len(cells):     # (a group equals only itself: see AckGroup)
                 left = first[1] - len(cells)
                 first[1] = left
                 if not left:

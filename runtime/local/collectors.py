@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from itertools import repeat
-from operator import attrgetter, is_
+from operator import attrgetter
 from typing import Any, Callable, Sequence
 
 from topo.api import DEFAULT_STREAM, EmitError, Tuple, WireTuple
@@ -400,7 +400,8 @@ class BoltCollector:
             parents = (anchors,) if isinstance(anchors, Tuple) else tuple(anchors)
         if parents:
             first = parents[0].ackcell
-            if first is not None and (len(parents) == 1 or all(map(is_, map(_cell, parents), repeat(first)))):
+            if first is not None and (len(parents) == 1 or (len(first) == 2 and    # an AckGroup: see its docstring
+                                                             list(map(_cell, parents)).count(first) == len(parents))):
                 many = self._outbox.grouped_many.get(stream)
                 if many is None:
                     raise self._outbox.unknown_stream(stream)

@@ -44,11 +44,15 @@ class StreamRoutes:
 class Lane:
     """The pending batch for one target task."""
 
-    __slots__ = ("target", "batch", "group", "group_parent", "group_anchors")
+    __slots__ = ("target", "batch", "group", "group_parent", "group_anchors", "nbytes", "nsized")
 
     def __init__(self, target: int) -> None:
         self.target = target
         self.batch: list[Tuple] = []
+        # Wire bytes of the batch's tuples already sized when emitted (a whole ``emit_many``
+        # into this one lane), and how many they are: all of them spares the flush a pass.
+        self.nbytes = 0
+        self.nsized = 0
         # Batch granularity: the ack group this lane's tuples of ``group_parent`` join
         # until the next flush (then None), and its anchors (root -> the group's edge id).
         self.group: AckGroup | None = None
@@ -64,6 +68,15 @@ class Lane:
         self.group_parent = parent
         self.group_anchors = dict.fromkeys(roots, edge)
         return g
+
+    def add_sized(self, values_list: Sequence[Sequence[Any]], pack: Callable[[Any], bytes]) -> None:
+        """Size a whole ``emit_many`` into this lane now, from the list the emit was given
+        (an unencodable value is left for the flush, whose error names it)."""
+        try:
+            self.nbytes += len(pack(values_list)) - array_header_len(len(values_list))
+        except (TypeError, ValueError, OverflowError):
+            return
+        self.nsized += len(values_list)
 
     def join(self, parent: list[int], roots: Iterable[int], getrandbits: Callable[[int], int]) -> AckGroup:
         """The group a tuple of this lane under ``parent`` joins (a new one after a flush or
@@ -151,6 +164,8 @@ class Outbox:
         """After ``router.retarget`` (autoscaling): its lanes follow its targets; a lane no
         router uses any more goes once it is empty (the engine drained it first)."""
         self._lanes_of(router)[:] = [self._lane(t) for t in router.targets]
+        for lane in self.lanes.values():     # tuples may have moved between lanes: size at the flush
+            lane.nsized = _NEVER
         used = {lane.target for lanes in self._router_lanes.values() for lane in lanes}
         for t in [t for t, lane in self.lanes.items() if t not in used and not lane.batch]:
             del self.lanes[t]
@@ -265,11 +280,11 @@ class Outbox:
         """For ``emit_many``: every values of a list has one value per field (one C-speed
         pass over the lengths; the error names the first that has not)."""
         arity_error = self.arity_error
-        ne = nfields.__ne__
 
         def check(values_list: Sequence[Sequence[Any]]) -> None:
             try:
-                if not any(map(ne, map(len, values_list))):
+                lengths = list(map(len, values_list))
+                if lengths.count(nfields) == len(lengths):   # (count compares small ints by identity)
                     return
             except TypeError:
                 pass
@@ -312,11 +327,13 @@ class Outbox:
         select_many = self._select_many(routes)
         outbox = self
         consume = deque(maxlen=0).extend    # runs an iterator to its end, keeping nothing
+        pack = self._pack
 
         def emit_many_routed(values_list: Sequence[Sequence[Any]], born: float) -> None:
             check(values_list)
             tuples = map(WireTuple, zip(values_list, repeat(origin), repeat(None), repeat(born), repeat(None)))
             if len(lanes) == 1:     # maps over zips: no Python loop per tuple
+                lanes[0].add_sized(values_list, pack)
                 lanes[0].batch += tuples
             else:                   # each tuple appended to its lane's batch, by C-level maps too
                 appends = [lane.batch.append for lane in lanes]
@@ -449,6 +466,7 @@ class Outbox:
         outbox = self
         consume = deque(maxlen=0).extend
         roots_list = list   # (roots may be an iterator: read once)
+        pack = self._pack
 
         def emit_many_grouped(values_list: Sequence[Sequence[Any]], parent: list, roots: Iterable[int],
                               born: float, getrandbits: Callable[[int], int]) -> None:
@@ -459,6 +477,7 @@ class Outbox:
             roots = roots_list(roots)
             if len(lanes) == 1:
                 lane = lanes[0]
+                lane.add_sized(values_list, pack)
                 g = lane.join(parent, roots, getrandbits)
                 g[1] += n - 1
                 lane.batch += map(WireTuple, zip(values_list, repeat(origin), repeat(lane.group_anchors),
@@ -495,7 +514,7 @@ class Outbox:
         """
         values = [t.values for t in batch]
         try:
-            return len(self._pack(values)) - _array_header_len(len(values))
+            return len(self._pack(values)) - array_header_len(len(values))
         except (TypeError, ValueError, OverflowError):
             return sum(self.size_of(t.values, t.origin.stream) for t in batch)
 
@@ -537,26 +556,34 @@ class Outbox:
         every ack group is complete before its first tuple leaves."""
         admitted = self.gate(self) if self.gate is not None else None
         self.pending_count = 0
-        sends: list[tuple[int, list[Tuple]]] = []
+        sends: list[tuple[int, list[Tuple], int | None]] = []
         for lane in list(self.lanes.values()):
             lane.group = lane.group_parent = lane.group_anchors = None
             batch = lane.batch
+            sized = lane.nbytes if lane.nsized == len(batch) else None
+            lane.nbytes = lane.nsized = 0
             if batch:
                 if admitted is not None and admitted.get(lane.target, len(batch)) < len(batch):
                     k = admitted[lane.target]
                     lane.batch = batch[k:]               # waits for room in its send window
                     self.pending_count += len(lane.batch)
                     batch = batch[:k]
+                    sized = None
                     if not batch:
                         continue
                 else:
                     lane.batch = []
-                sends.append((lane.target, batch))
+                sends.append((lane.target, batch, sized))
         waited = 0
         queues = self.queues
-        for target, batch in sends:
+        for target, batch, sized in sends:
             queue = queues[target]
-            nbytes = self.batch_bytes(batch)
+            if sized is None and hasattr(queue, "put_packing"):     # another worker's task
+                w = await queue.put_packing(batch)
+                if w is not None:
+                    waited += w
+                    continue
+            nbytes = self.batch_bytes(batch) if sized is None else sized
             if nbytes <= queue.hard_bound:
                 waited += await queue.put(batch, nbytes)
             else:
@@ -587,6 +614,9 @@ class Outbox:
         return pieces
 
 
-def _array_header_len(n: int) -> int:
+_NEVER = -(1 << 62)    # a lane's ``nsized`` that no batch length can equal
+
+
+def array_header_len(n: int) -> int:
     """Bytes of msgpack's array header for ``n`` elements (fixarray, array 16, array 32)."""
     return 1 if n < 16 else 3 if n < 0x10000 else 5

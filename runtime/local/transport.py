@@ -38,6 +38,7 @@ import msgpack
 
 from topo.api import FieldIndex, Origin, WireTuple
 from runtime.local.acker import new_group
+from runtime.local.outbox import array_header_len
 
 log = logging.getLogger("topo.transport")
 
@@ -135,10 +136,27 @@ class RemoteQueue:
         self.count = 0
         self.peak_bytes = 0
         self._encode = encode
+        self._pack = msgpack.Packer(autoreset=True, use_bin_type=True).pack
         self._waiters: deque[asyncio.Future[None]] = deque()
         link.credit_waiters[target] = self
 
     async def put(self, batch: list[Any], nbytes: int) -> int:
+        return await self._send(batch, nbytes, self._encode(batch))
+
+    async def put_packing(self, batch: list[Any]) -> int | None:
+        """``put`` of a batch not sized yet: its values are packed once, for the size and for
+        the wire (the outbox would pack them a second time to size them). None, and nothing
+        sent, when a value cannot be encoded or the batch is over the bound: the outbox then
+        sizes it (naming the culprit) or cuts it into pieces as for any queue."""
+        try:
+            groups, nbytes = TupleCodec.encode_sized(batch, self._pack)
+        except (TypeError, ValueError, OverflowError):
+            return None
+        if nbytes > self.hard_bound:
+            return None
+        return await self._send(batch, nbytes, groups)
+
+    async def _send(self, batch: list[Any], nbytes: int, groups: list[Any]) -> int:
         loop = asyncio.get_running_loop()
         start = loop.time()
         while not (self.bytes == 0 or self.bytes + nbytes <= self.hard_bound):
@@ -147,7 +165,7 @@ class RemoteQueue:
             await fut
         self.bytes += nbytes
         self.peak_bytes = max(self.peak_bytes, self.bytes)
-        await self.link.send(["B", self.target, nbytes, self._encode(batch)])
+        await self.link.send(["B", self.target, nbytes, groups])
         return int((loop.time() - start) * 1e9)
 
     def credit(self, nbytes: int) -> None:
@@ -198,8 +216,15 @@ class TupleCodec:
 
     @staticmethod
     def encode(batch: list[Any]) -> list[Any]:
+        return TupleCodec.encode_sized(batch)[0]
+
+    @staticmethod
+    def encode_sized(batch: list[Any], pack: Callable[[Any], bytes] | None = None) -> tuple[list[Any], int]:
+        """The groups of ``batch`` and, with ``pack``, its wire size: each group's values are
+        then packed here, once, and travel as those bytes (the size is what the outbox's
+        ``batch_bytes`` gives: the values' encodings without the list headers)."""
         origins = list(map(_origin, batch))
-        if len(set(map(id, origins))) == 1:
+        if origins.count(origins[0]) == len(origins):      # (identity first: one origin, C speed)
             runs = [(origins[0], batch)]
         else:
             runs, start = [], 0
@@ -208,10 +233,15 @@ class TupleCodec:
                     runs.append((origins[start], batch[start:i]))
                     start = i
         groups = []
+        nbytes = 0
         for o, part in runs:
             anchors = list(map(_anchors, part))
             tracked = any(anchors)
-            group = [o.component, o.stream, o.task, list(map(_values, part)),
+            values: Any = list(map(_values, part))
+            if pack is not None:
+                values = pack(values)
+                nbytes += len(values) - array_header_len(len(part))
+            group = [o.component, o.stream, o.task, values,
                      anchors if tracked else None, list(map(_born, part)) if tracked else None]
             if tracked:
                 cells = list(map(_cell, part))
@@ -219,12 +249,14 @@ class TupleCodec:
                     # Batch granularity: each tuple's group size (0: a tuple with its own edge).
                     group.append([c[1] if c is not None and len(c) == 2 else 0 for c in cells])
             groups.append(group)
-        return groups
+        return groups, nbytes
 
     def decode(self, groups: list[Any]) -> list[Any]:
         out: list[Any] = []
         origins = self._origins
         for comp, stream, task, values, anchors, borns, *sizes in groups:
+            if isinstance(values, bytes):            # packed by ``encode_sized``
+                values = msgpack.unpackb(values, raw=False, strict_map_key=False)
             key = (comp, stream, task)
             origin = origins.get(key)
             if origin is None:
