@@ -24,10 +24,11 @@ figures were taken on (``SplitBolt`` -> ``CountBolt``, which emits a running cou
 Workers: ``topo run <spec> --quiet --workers N`` (wall time of the whole command,
 process start included) on ``WORKER_SENTENCES`` sentences, spout x2 (``local_or_shuffle``
 to the split, so sentences stay in their worker), split x2, count x2 (fields), per-tuple
-(running counts) and batch variants, acking off and on, ``WORKER_ROUNDS`` interleaved
-rounds, medians, with bytecode caching on (``PYTHONDONTWRITEBYTECODE`` dropped from the
-command's environment). Worker processes deliver no ``end_of_input``, so the batch count
-emits no finals there (nothing subscribes to them here anyway).
+(running counts) and batch variants, acking off, on, and on with ``acking.granularity:
+batch``, ``WORKER_ROUNDS`` interleaved rounds, medians, with bytecode caching on
+(``PYTHONDONTWRITEBYTECODE`` dropped from the command's environment). The batch count
+emits its finals at the end of the input (one end-of-input round across workers);
+nothing subscribes to them here.
 
 ``python -m bench wordcount`` writes ``bench/results/wordcount.json``.
 """
@@ -239,15 +240,18 @@ def measure_workers(sentences: int = WORKER_SENTENCES, rounds: int = WORKER_ROUN
         specs = {v: Path(d) / f"{v}.yaml" for v in ("per_tuple", "batch")}
         for v, path in specs.items():
             path.write_text(worker_spec(v, sentences))
-        runs = [(v, acking, w) for v in specs for acking in (False, True) for w in (1, 2)]
+        # acking: off, on (tuple granularity), on with acking.granularity: batch
+        modes = {"off": ["acking=false"], "on": ["acking=true"],
+                 "on_batch_granularity": ["acking=true", "acking.granularity=batch"]}
+        runs = [(v, mode, w) for v in specs for mode in modes for w in (1, 2)]
         for i in range(rounds):
-            for v, acking, w in (runs if i % 2 == 0 else runs[::-1]):
-                cmd = [sys.executable, "-m", "topo.cli", "run", str(specs[v]), "--quiet", "--workers", str(w),
-                       "--config", f"acking={'true' if acking else 'false'}"]
+            for v, mode, w in (runs if i % 2 == 0 else runs[::-1]):
+                cmd = [sys.executable, "-m", "topo.cli", "run", str(specs[v]), "--quiet", "--workers", str(w)]
+                for setting in modes[mode]:
+                    cmd += ["--config", setting]
                 t0 = time.perf_counter()
                 subprocess.run(cmd, check=True, cwd=d, stdout=subprocess.DEVNULL, env=env)
-                times.setdefault(f"{v}_acking_{'on' if acking else 'off'}_workers_{w}", []).append(
-                    time.perf_counter() - t0)
+                times.setdefault(f"{v}_acking_{mode}_workers_{w}", []).append(time.perf_counter() - t0)
     med = {k: statistics.median(v) for k, v in times.items()}
     speedup = {k.replace("_workers_1", ""): med[k] / med[k.replace("_workers_1", "_workers_2")]
                for k in med if k.endswith("_workers_1")}
@@ -255,10 +259,35 @@ def measure_workers(sentences: int = WORKER_SENTENCES, rounds: int = WORKER_ROUN
             "speedup_2_vs_1": speedup}
 
 
+def widest_from_median(runs: dict[str, list[float]]) -> dict[str, float]:
+    """Per side, how far its farthest run lies from its median (a fraction of the median)."""
+    out = {}
+    for k, v in runs.items():
+        if v:
+            m = statistics.median(v)
+            out[k] = max(abs(x - m) for x in v) / m
+    return out
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
 def main(argv: list[str] | None = None) -> None:
     quick = bool(argv) and "--quick" in argv
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    load_start = os.getloadavg()
     out = measure(n=50_000, repeats=2) if quick else measure()
+    out["spread"] = widest_from_median(out["words_per_s"])
     out["workers"] = measure_workers(60_000, 1) if quick else measure_workers()
+    out["workers"]["spread"] = widest_from_median(out["workers"]["seconds"])
+    out["run"] = {"commit": _commit(), "started": started,
+                  "ended": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                  "load_average_1min_start": load_start[0], "load_average_1min_end": os.getloadavg()[0]}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "wordcount.json").write_text(json.dumps(out, indent=2) + "\n")
     for k, v in out["median_words_per_s"].items():
