@@ -46,7 +46,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import uvloop
 
@@ -231,8 +231,14 @@ streams:
 """
 
 
-def measure_workers(sentences: int = WORKER_SENTENCES, rounds: int = WORKER_ROUNDS) -> dict[str, Any]:
-    """Wall seconds of ``topo run --workers N`` per (variant, acking, N), medians and speed-ups."""
+WORKER_MODES = {"off": ["acking=false"], "on": ["acking=true"],
+                "on_batch_granularity": ["acking=true", "acking.granularity=batch"]}
+
+
+def measure_workers(sentences: int = WORKER_SENTENCES, rounds: int = WORKER_ROUNDS,
+                    modes: Sequence[str] = tuple(WORKER_MODES)) -> dict[str, Any]:
+    """Wall seconds of ``topo run --workers N`` per (variant, acking mode, N), medians and
+    speed-ups; ``modes``: which of ``WORKER_MODES`` (acking off, on, on with batch granularity)."""
     times: dict[str, list[float]] = {}
     # Bytecode caching on, as in a usual install: with it off every worker compiles its modules.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
@@ -240,14 +246,11 @@ def measure_workers(sentences: int = WORKER_SENTENCES, rounds: int = WORKER_ROUN
         specs = {v: Path(d) / f"{v}.yaml" for v in ("per_tuple", "batch")}
         for v, path in specs.items():
             path.write_text(worker_spec(v, sentences))
-        # acking: off, on (tuple granularity), on with acking.granularity: batch
-        modes = {"off": ["acking=false"], "on": ["acking=true"],
-                 "on_batch_granularity": ["acking=true", "acking.granularity=batch"]}
         runs = [(v, mode, w) for v in specs for mode in modes for w in (1, 2)]
         for i in range(rounds):
             for v, mode, w in (runs if i % 2 == 0 else runs[::-1]):
                 cmd = [sys.executable, "-m", "topo.cli", "run", str(specs[v]), "--quiet", "--workers", str(w)]
-                for setting in modes[mode]:
+                for setting in WORKER_MODES[mode]:
                     cmd += ["--config", setting]
                 t0 = time.perf_counter()
                 subprocess.run(cmd, check=True, cwd=d, stdout=subprocess.DEVNULL, env=env)
@@ -278,12 +281,19 @@ def _commit() -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    quick = bool(argv) and "--quick" in argv
+    args = list(argv or [])
+    quick = "--quick" in args
+    # --worker-modes off,on_batch_granularity: a shorter run (acking on at tuple granularity
+    # is the slowest pair of cells, and one process measures what it costs)
+    modes = (args[args.index("--worker-modes") + 1].split(",") if "--worker-modes" in args else list(WORKER_MODES))
+    unknown = [m for m in modes if m not in WORKER_MODES]
+    if unknown:
+        raise SystemExit(f"--worker-modes: unknown {unknown} (known: {', '.join(WORKER_MODES)})")
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     load_start = os.getloadavg()
     out = measure(n=50_000, repeats=2) if quick else measure()
     out["spread"] = widest_from_median(out["words_per_s"])
-    out["workers"] = measure_workers(60_000, 1) if quick else measure_workers()
+    out["workers"] = measure_workers(60_000, 1, modes) if quick else measure_workers(modes=modes)
     out["workers"]["spread"] = widest_from_median(out["workers"]["seconds"])
     out["run"] = {"commit": _commit(), "started": started,
                   "ended": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
