@@ -19,9 +19,9 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from collections import Counter, deque
-from itertools import repeat
-from operator import call
+from collections import deque
+from itertools import compress, repeat
+from operator import call, eq, not_
 from typing import Any, Callable, Iterable, Sequence
 
 import msgpack
@@ -44,7 +44,7 @@ class StreamRoutes:
 class Lane:
     """The pending batch for one target task."""
 
-    __slots__ = ("target", "batch", "group", "group_parent", "group_anchors", "nbytes", "nsized")
+    __slots__ = ("target", "batch", "group", "group_parent", "group_anchors", "nbytes", "nsized", "sized_at_emit")
 
     def __init__(self, target: int) -> None:
         self.target = target
@@ -53,6 +53,7 @@ class Lane:
         # into this one lane), and how many they are: all of them spares the flush a pass.
         self.nbytes = 0
         self.nsized = 0
+        self.sized_at_emit = True    # False towards another worker: its queue packs the batch once
         # Batch granularity: the ack group this lane's tuples of ``group_parent`` join
         # until the next flush (then None), and its anchors (root -> the group's edge id).
         self.group: AckGroup | None = None
@@ -72,6 +73,8 @@ class Lane:
     def add_sized(self, values_list: Sequence[Sequence[Any]], pack: Callable[[Any], bytes]) -> None:
         """Size a whole ``emit_many`` into this lane now, from the list the emit was given
         (an unencodable value is left for the flush, whose error names it)."""
+        if not self.sized_at_emit:
+            return
         try:
             self.nbytes += len(pack(values_list)) - array_header_len(len(values_list))
         except (TypeError, ValueError, OverflowError):
@@ -151,6 +154,7 @@ class Outbox:
         lane = self.lanes.get(target)
         if lane is None:
             lane = self.lanes[target] = Lane(target)
+            lane.sized_at_emit = not hasattr(self.queues.get(target), "put_packing")
         return lane
 
     def _lanes_of(self, router: Router) -> list[Lane]:
@@ -331,13 +335,18 @@ class Outbox:
 
         def emit_many_routed(values_list: Sequence[Sequence[Any]], born: float) -> None:
             check(values_list)
-            tuples = map(WireTuple, zip(values_list, repeat(origin), repeat(None), repeat(born), repeat(None)))
             if len(lanes) == 1:     # maps over zips: no Python loop per tuple
-                lanes[0].add_sized(values_list, pack)
-                lanes[0].batch += tuples
+                parts: Iterable[tuple[Lane, Sequence[Sequence[Any]]]] = ((lanes[0], values_list),)
+            elif len(lanes) <= _PARTITION_LANES:   # each lane's share picked out by C-level maps
+                parts = _partition(lanes, values_list, select_many(values_list))
             else:                   # each tuple appended to its lane's batch, by C-level maps too
+                tuples = map(WireTuple, zip(values_list, repeat(origin), repeat(None), repeat(born), repeat(None)))
                 appends = [lane.batch.append for lane in lanes]
                 consume(map(call, map(appends.__getitem__, select_many(values_list)), tuples))
+                parts = ()
+            for lane, part in parts:
+                lane.add_sized(part, pack)
+                lane.batch += map(WireTuple, zip(part, repeat(origin), repeat(None), repeat(born), repeat(None)))
             outbox.pending_count += len(values_list)
 
         return emit_many_routed
@@ -464,7 +473,6 @@ class Outbox:
         lanes, select, origin, check = single
         select_many = self._select_many(routes)
         outbox = self
-        consume = deque(maxlen=0).extend
         roots_list = list   # (roots may be an iterator: read once)
         pack = self._pack
 
@@ -475,26 +483,14 @@ class Outbox:
                 return
             check(values_list)
             roots = roots_list(roots)
-            if len(lanes) == 1:
-                lane = lanes[0]
-                lane.add_sized(values_list, pack)
+            parts = (((lanes[0], values_list),) if len(lanes) == 1
+                     else _partition(lanes, values_list, select_many(values_list)))
+            for lane, part in parts:      # one group per lane reached
+                lane.add_sized(part, pack)
                 g = lane.join(parent, roots, getrandbits)
-                g[1] += n - 1
-                lane.batch += map(WireTuple, zip(values_list, repeat(origin), repeat(lane.group_anchors),
+                g[1] += len(part) - 1
+                lane.batch += map(WireTuple, zip(part, repeat(origin), repeat(lane.group_anchors),
                                                  repeat(born), repeat(g)))
-            else:
-                targets = list(select_many(values_list))
-                groups = {}
-                anchors = {}
-                for i, k in Counter(targets).items():
-                    lane = lanes[i]
-                    g = groups[i] = lane.join(parent, roots, getrandbits)
-                    g[1] += k - 1
-                    anchors[i] = lane.group_anchors
-                tuples = map(WireTuple, zip(values_list, repeat(origin), map(anchors.__getitem__, targets),
-                                            repeat(born), map(groups.__getitem__, targets)))
-                appends = [lane.batch.append for lane in lanes]
-                consume(map(call, map(appends.__getitem__, targets), tuples))
             outbox.pending_count += n
 
         return emit_many_grouped
@@ -612,6 +608,24 @@ class Outbox:
         if piece:
             pieces.append((piece, piece_bytes))
         return pieces
+
+
+_PARTITION_LANES = 8   # up to this many lanes an emit_many picks each lane's share in its own pass
+
+
+def _partition(lanes: list[Lane], values_list: Sequence[Sequence[Any]],
+               targets: Iterable[int]) -> list[tuple[Lane, list[Sequence[Any]]]]:
+    """Each reached lane with its share of ``values_list`` (``targets[i]``: the lane index of
+    ``values_list[i]``), in order, one C-level pass per lane."""
+    targets = list(targets)
+    if len(lanes) == 2:
+        ones = list(compress(values_list, targets))
+        zeros = list(compress(values_list, map(not_, targets)))
+        return [(lane, part) for lane, part in ((lanes[0], zeros), (lanes[1], ones)) if part]
+    out = []
+    for i in set(targets):
+        out.append((lanes[i], list(compress(values_list, map(eq, targets, repeat(i))))))
+    return out
 
 
 _NEVER = -(1 << 62)    # a lane's ``nsized`` that no batch length can equal
