@@ -204,7 +204,10 @@ class TupleCodec:
     holds one sending task's tuples, so usually one group): ``[component, stream, task,
     values, anchors, borns]``, with ``anchors`` and ``borns`` None when no tuple of the
     group is tracked. Both ways are C-level maps over the batch, no Python loop per tuple
-    (an untracked one's ``born`` is 0.0, as its emit made it)."""
+    (an untracked one's ``born`` is 0.0, as its emit made it). Under batch granularity a
+    group whose tuples all belong to one ack group carries that group's anchors, born and
+    size once (``anchors`` is then a dict, not a list); otherwise a seventh column gives
+    each tuple's ack group size (0 for a tuple with an edge of its own)."""
 
     def __init__(self, streams: dict[str, dict[str, tuple[str, ...]]]) -> None:
         self._fields = {(c, s): FieldIndex.of(f) for c, outs in streams.items() for s, f in outs.items()}
@@ -241,13 +244,19 @@ class TupleCodec:
             if pack is not None:
                 values = pack(values)
                 nbytes += len(values) - array_header_len(len(part))
-            group = [o.component, o.stream, o.task, values,
-                     anchors if tracked else None, list(map(_born, part)) if tracked else None]
+            group = [o.component, o.stream, o.task, values, None, None]
             if tracked:
                 cells = list(map(_cell, part))
-                if any(c is not None and len(c) == 2 for c in cells):
-                    # Batch granularity: each tuple's group size (0: a tuple with its own edge).
-                    group.append([c[1] if c is not None and len(c) == 2 else 0 for c in cells])
+                first = cells[0]
+                if first is not None and len(first) == 2 and cells.count(first) == len(cells):
+                    # Batch granularity, one ack group (the usual batch): its anchors, born
+                    # and size once (its tuples share them).
+                    group[4:] = [part[0].anchors, part[0].born, first[1]]
+                else:
+                    group[4:] = [anchors, list(map(_born, part))]
+                    if any(c is not None and len(c) == 2 for c in cells):
+                        # Batch granularity: each tuple's group size (0: a tuple with its own edge).
+                        group.append([c[1] if c is not None and len(c) == 2 else 0 for c in cells])
             groups.append(group)
         return groups, nbytes
 
@@ -263,31 +272,33 @@ class TupleCodec:
                 origin = origins[key] = Origin(self._fields[(comp, stream)], stream, comp, task)
             if anchors is None:
                 out += map(WireTuple, zip(values, repeat(origin), repeat(None), repeat(0.0), repeat(None)))
+            elif isinstance(anchors, dict):          # one ack group: anchors, born, size once
+                cell = self._arrived(anchors, sizes[0], len(values))
+                out += map(WireTuple, zip(values, repeat(origin), repeat(anchors), repeat(borns), repeat(cell)))
             else:
                 cells = [[0] if a else None for a in anchors] if not sizes else self._cells(anchors, sizes[0])
                 out += map(WireTuple, zip(values, repeat(origin), anchors, borns, cells))
         return out
 
-    def _cells(self, anchors: list[Any], sizes: list[int]) -> list[Any]:
-        """Ack cells of received tuples: the tuples of one ack group share one ``AckGroup``
-        (acked here once the last is processed), across as many batches as it came in."""
+    def _arrived(self, anchors: dict[int, int], size: int, count: int) -> Any:
+        """``count`` more tuples of the ack group with ``anchors`` (of ``size`` tuples in all)
+        arrived: the one ``AckGroup`` its tuples share here (acked once the last is processed),
+        across as many batches as the group came in."""
+        edge = next(iter(anchors.values()))
         registry = self._groups
-        cells: list[Any] = []
-        for a, size in zip(anchors, sizes):
-            if not size:
-                cells.append([0] if a else None)
-                continue
-            edge = next(iter(a.values()))
-            entry = registry.get(edge)
-            if entry is None:
-                g = new_group()
-                g[1] = size
-                entry = registry[edge] = [g, 0]
-            entry[1] += 1
-            if entry[1] >= size:
-                del registry[edge]
-            cells.append(entry[0])
-        return cells
+        entry = registry.get(edge)
+        if entry is None:
+            g = new_group()
+            g[1] = size
+            entry = registry[edge] = [g, 0]
+        entry[1] += count
+        if entry[1] >= size:
+            del registry[edge]
+        return entry[0]
+
+    def _cells(self, anchors: list[Any], sizes: list[int]) -> list[Any]:
+        """Ack cells of received tuples, tuple by tuple (``_arrived`` for those of a group)."""
+        return [self._arrived(a, size, 1) if size else [0] if a else None for a, size in zip(anchors, sizes)]
 
 
 _origin, _anchors, _values, _born, _cell = (attrgetter(a) for a in ("origin", "anchors", "values", "born", "ackcell"))
