@@ -48,7 +48,7 @@ def untracked_emit(outbox: Outbox, counter: Any, msg_ids: list[Any] | None) -> C
                 msg_ids.append(msg_id)
 
         return emit_dispatch
-    origin, nfields, lanes, select = single
+    origin, nfields, lanes, select, only = single
     arity_error = outbox.arity_error
 
     def emit(values: Sequence[Any], stream: str = DEFAULT_STREAM, msg_id: Any = None,
@@ -62,7 +62,7 @@ def untracked_emit(outbox: Outbox, counter: Any, msg_ids: list[Any] | None) -> C
         else:
             if len(values) != nfields:
                 raise arity_error(values, DEFAULT_STREAM)
-            lanes[select(values)].batch.append(WireTuple((values, origin, None, 0.0, None)))
+            (only or lanes[select(values)]).batch.append(WireTuple((values, origin, None, 0.0, None)))
             outbox.pending_count += 1
         if msg_id is not None and msg_ids is not None:
             msg_ids.append(msg_id)
@@ -356,7 +356,7 @@ class BoltCollector:
         single = self._outbox.single_route(DEFAULT_STREAM)
         if not batches or single is None or not auto:
             return emit
-        origin, nfields, lanes, select = single
+        origin, nfields, lanes, select, only = single
         arity_error = self._outbox.arity_error
         outbox = self._outbox
 
@@ -370,7 +370,7 @@ class BoltCollector:
                     if roots:
                         if len(values) != nfields:
                             raise arity_error(values, DEFAULT_STREAM)
-                        lane = lanes[select(values)]
+                        lane = only or lanes[select(values)]
                         g = lane.group
                         parent = cur.ackcell
                         if g is None or lane.group_parent is not parent:

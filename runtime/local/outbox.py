@@ -190,15 +190,19 @@ class Outbox:
     def arity_error(self, values: Sequence[Any], stream: str) -> EmitError:
         return arity_error(self.component, stream, values, self.streams[stream].fields.names)
 
-    def single_route(self, stream: str) -> tuple[Origin, int, list[Lane], Callable[[Sequence[Any]], int]] | None:
+    def single_route(self, stream: str) -> tuple[Origin, int, list[Lane], Callable[[Sequence[Any]], int],
+                                                 Lane | None] | None:
         """For a stream with exactly one non-broadcast subscriber: what an inlined emit needs
-        (origin, field count, lanes, the router's ``select``); None otherwise."""
+        (origin, field count, lanes, the router's ``select``, and the one lane when the
+        subscriber has one task for good: no ``select`` call then); None otherwise."""
         routes = self.streams.get(stream)
         if routes is None or len(routes.routers) != 1 or routes.routers[0].broadcast:
             return None
         router = routes.routers[0]
         origin = Origin(routes.fields, stream, self.component, self.task_id)
-        return origin, len(routes.fields.names), self._lanes_of(router), router.select
+        lanes = self._lanes_of(router)
+        only = lanes[0] if len(lanes) == 1 and router.retarget is None else None
+        return origin, len(routes.fields.names), lanes, router.select, only
 
     def _stream_parts(self, stream: str, routes: StreamRoutes) -> tuple[Origin, int, list[Route]]:
         """What every per-stream emit binds: the stream's origin, its field count, its routing plan."""
