@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from backpressure.drivers.factory import make_flow_control
-from backpressure.policy.window import SLOW
+from backpressure.policy.window import NORMAL, SLOW
 from coord_backends import until
 from runtime.local.engine import LocalEngine
 from test_backpressure_e2e import Box, Offered, Paced, config, monitored
@@ -100,7 +100,20 @@ async def test_slow_bolt_throttles_the_spout_loses_nothing_and_releases(policy: 
         box.rate["slow"] = None
         if policy == "window":
             w = engine.flow.senders[spout.task_id].windows[slow.task_id]   # type: ignore[attr-defined]
-            await until(lambda: w.window == cfg["backpressure.window.max"], 20, what="the window back at max")
+            # W2b: a window grows while it holds the spout back, so it grows back until it no
+            # longer does (not to max): the spout then sends at the rate it offers.
+            await until(lambda: w.state == NORMAL and w.window > windows["least"], 20, what="the window growing back")
+            rates: list[float] = []
+
+            async def rate() -> bool:
+                t0, before = time.monotonic(), spout.stats.emitted
+                await asyncio.sleep(0.5)
+                rates.append((spout.stats.emitted - before) / (time.monotonic() - t0))
+                return rates[-1] >= 0.9 * 20_000.0
+
+            deadline = time.monotonic() + 20
+            while not await rate():
+                assert time.monotonic() < deadline, f"the window still holds the spout back: {rates}"
             watcher.cancel()
         await until(lambda: not spout.stats.backpressure and spout.stats.rate_limit is None, 20,
                     what="the spout back at full speed, limiter off")

@@ -111,12 +111,13 @@ async def test_w3_slow_acks_shrink_the_window_and_fewer_go() -> None:
     await rig.outbox.flush()
     sent = rig.take(A)
     assert len(sent) == 2
-    rig.now = 0.5                                                  # round trips of 0.5 s > 0.2 s
-    rig.outcome(sent[0][1], True)
-    rig.outcome(sent[1][1], True)
-    assert rig.window(A).window == 1 and rig.window(A).state == SLOW
+    rig.now = 0.01
+    rig.outcome(sent[0][1], True)                                  # the base round trip (NORMAL: 2 -> 3)
+    rig.now = 0.5
+    rig.outcome(sent[1][1], True)                                  # 0.49 s over the base > 0.2 s: SLOW
+    assert rig.window(A).window == 2 and rig.window(A).state == SLOW
     await rig.outbox.flush()
-    assert len(rig.take(A)) == 1 and rig.outbox.pending_count == 3
+    assert len(rig.take(A)) == 2 and rig.outbox.pending_count == 2
 
 
 async def test_w7_under_shuffle_tuples_over_a_full_window_go_to_a_task_with_room() -> None:

@@ -12,7 +12,7 @@ P = WindowParams(initial=2, min=1, max=4, rtt_threshold=0.2)
 
 def test_defaults_and_config() -> None:
     p = WindowParams.from_config(resolve({"backpressure.policy": "window", "acking": True}))
-    assert (p.initial, p.min, p.max, p.rtt_threshold, p.batch) == (16, 1, 4096, 0.2, 256)
+    assert (p.initial, p.min, p.max, p.rtt_threshold, p.batch) == (16, 1, 4096, 0.05, 256)
     with pytest.raises(ValueError):
         WindowParams(initial=0)
 
@@ -35,23 +35,55 @@ def test_w1_a_task_takes_tuples_only_while_its_window_has_room() -> None:
 def test_w2_normal_acks_grow_the_window_linearly_up_to_max() -> None:
     w: SendWindow[int] = SendWindow(P)
     w.on_sent(1, 0.0)
-    assert w.on_ack(1, 0.2) == pytest.approx(0.2)       # at the threshold: NORMAL
-    assert (w.state, w.window) == (NORMAL, 3.0)
-    for i in range(2, 6):
-        w.on_sent(i, 1.0)
-        w.on_ack(i, 1.01)
+    w.on_sent(2, 0.0)                                     # the window (2) is used
+    assert w.on_ack(1, 0.0) == pytest.approx(0.0)         # the base round trip: NORMAL
+    assert w.on_ack(2, 0.2) == pytest.approx(0.2)         # 0.2 over the base, at the threshold: NORMAL
+    assert (w.state, w.window) == (NORMAL, 4.0)           # one step per ack
+    for i in range(3, 8):
+        for j in range(int(w.window)):
+            w.on_sent(i * 10 + j, 1.0)                    # filled again
+        w.on_ack(i * 10, 1.01)
     assert w.window == 4.0                                # max
+
+
+def test_w2b_a_window_the_spout_does_not_fill_does_not_grow() -> None:
+    w: SendWindow[int] = SendWindow(P)
+    for i in range(5):                                    # one tuple at a time into a window of 2
+        w.on_sent(i, float(i))
+        w.on_ack(i, i + 0.01)
+    assert (w.state, w.window) == (NORMAL, 2.0)
+    w.on_sent(10, 9.0)
+    w.on_sent(11, 9.0)                                    # now it limits the spout: it grows
+    w.on_ack(10, 9.01)
+    assert w.window == 3.0
 
 
 def test_w3_slow_acks_shrink_it_linearly_down_to_min() -> None:
     w: SendWindow[int] = SendWindow(P)
     w.on_sent(1, 0.0)
-    w.on_ack(1, 0.25)
-    assert (w.state, w.window) == (SLOW, 1.0)
+    w.on_ack(1, 0.05)                                     # the base: 0.05 s
     w.on_sent(2, 1.0)
-    w.on_ack(2, 2.0)
+    w.on_ack(2, 1.3)                                      # 0.25 over the base > 0.2: SLOW
+    assert (w.state, w.window) == (SLOW, 1.0)
+    w.on_sent(3, 2.0)
+    w.on_ack(3, 3.0)
     assert w.window == 1.0                                # min
     assert w.on_ack(99, 3.0) is None                      # an ack for a root it does not hold: nothing
+
+
+def test_w3b_the_threshold_counts_from_the_smallest_round_trip_seen() -> None:
+    """A path whose bare round trip is 0.5 s (over the threshold itself) stays NORMAL while
+    no queue builds up; a round trip 0.2 s over the base shrinks its window."""
+    w: SendWindow[int] = SendWindow(WindowParams(initial=8, min=1, max=16, rtt_threshold=0.2))
+    for i in range(8):
+        w.on_sent(i, 0.0)
+    for i in range(4):
+        w.on_ack(i, 0.5 + 0.05 * i)                       # 0.5-0.65 s: within 0.2 of the base 0.5
+    assert (w.state, w.base, w.window) == (NORMAL, 0.5, 12.0)
+    w.on_ack(4, 0.75)                                     # 0.25 over the base: SLOW
+    assert (w.state, w.window) == (SLOW, 11.0)
+    w.on_ack(5, 0.45)                                     # a faster one lowers the base
+    assert w.base == 0.45
 
 
 def test_w4_busy_shrinks_by_one_and_resends_to_another_task() -> None:
@@ -154,13 +186,14 @@ class _H:
 
 def test_w9_a_tuple_fanned_out_to_two_components_is_freed_from_both_windows_by_its_ack() -> None:
     s: WindowSender[str] = WindowSender(P, {"fast": [10], "relay": [20]})
-    s.on_sent("r", 10, 0.0)
-    s.on_sent("r", 20, 0.0)
-    assert s.windows[10].in_flight == {"r": 0.0} and s.windows[20].in_flight == {"r": 0.0}
+    for root in ("q", "r"):                                                # both windows (2) filled
+        s.on_sent(root, 10, 0.0)
+        s.on_sent(root, 20, 0.0)
+    assert s.windows[10].in_flight == {"q": 0.0, "r": 0.0} == s.windows[20].in_flight
     assert s.on_ack("r", 0.1) == pytest.approx(0.1)
-    assert s.windows[10].in_flight == {} and s.windows[20].in_flight == {}   # neither window leaks it
+    assert s.windows[10].in_flight == {"q": 0.0} == s.windows[20].in_flight   # neither window leaks it
     assert s.windows[10].window == s.windows[20].window == 3.0             # both saw a NORMAL ack
     s.on_sent("f", 10, 1.0)
     s.on_sent("f", 20, 1.0)
     assert s.on_fail("f") == 10
-    assert s.windows[10].state == s.windows[20].state == BUSY and not s.windows[20].in_flight
+    assert s.windows[10].state == s.windows[20].state == BUSY and "f" not in s.windows[20].in_flight

@@ -266,7 +266,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("backpressure.window.initial", 16, _int, "window: send window (tuples in flight) per downstream task at start (document 002)", check=_between(1, 1_000_000)),
     Setting("backpressure.window.min", 1, _int, "window: smallest a send window shrinks to", check=_between(1, 1_000_000)),
     Setting("backpressure.window.max", 4096, _int, "window: largest a send window grows to", check=_between(1, 1_000_000)),
-    Setting("backpressure.window.rtt_threshold_ms", 200.0, _float, "window: an ack round trip over this is SLOW (the window shrinks), under it NORMAL (it grows)", check=_between(0, HOUR_MS, above=True)),
+    Setting("backpressure.window.rtt_threshold_ms", 50.0, _float, "window: an ack round trip more than this over the smallest one seen (the queueing delay a window lets build up) is SLOW (the window shrinks), at most this over it NORMAL (it grows)", check=_between(0, HOUR_MS, above=True)),
     Setting("backpressure.window.batch", 256, _int, "window: tuples a spout sends together as one batch (as batch.size by default: smaller batches cost a CPU-bound topology throughput)", check=_between(1, 65536)),
     Setting("backpressure.window.check_interval_ms", 50.0, _float, "window: period of the windows' update when the engine reports no per-tuple acks", check=_between(0, HOUR_MS, above=True)),
     Setting("coordinator", "embedded", _str, "where signals travel: embedded, or zookeeper://host:port/root", check=_coordinator),

@@ -39,7 +39,7 @@ from typing import Any, Callable, Hashable, Mapping, Sequence
 
 from backpressure.coordinator.base import Coordinator
 from backpressure.drivers.resume_points import ResumePoints
-from backpressure.policy.window import BUSY, CumulativeAck, WindowParams, WindowSender
+from backpressure.policy.window import BUSY, NORMAL, CumulativeAck, WindowParams, WindowSender
 from backpressure.seams import FlowDisplay, RateListener, TaskHandle, WindowGate
 from backpressure.signals import BACKPRESSURE, RELEASE
 
@@ -177,11 +177,10 @@ class WindowFlowControl:
     def on_acked_many(self, spout: int, acked: Sequence[tuple[Hashable, float]]) -> None:
         """W2/W3 for every window each tuple was in (``(root, ack time)`` pairs); W5 over send
         order. On the hot path (once per tuple): the display is redone only when a window
-        crossed ``initial`` or ``max``."""
+        changed state (NORMAL, SLOW, BUSY)."""
         sender = self.senders[spout]
         nums, cum = self.numbers[spout], self.acks[spout]
         target_of, windows = sender.target_of, sender.windows
-        lo, hi = self.params.initial, self.params.max
         show = False
         for root, now in acked:
             number = nums.pop(root, None)
@@ -192,13 +191,13 @@ class WindowFlowControl:
                 rt = sender.on_ack(root, now)
             elif len(targets) == 1:
                 w = windows[targets[0]]
-                was = w.window
+                was = w.state
                 rt = sender.on_ack(root, now)
-                show = (was < lo) != (w.window < lo) or (was < hi) != (w.window < hi)
+                show = was != w.state
             else:
-                before = [(windows[t].window < lo, windows[t].window < hi) for t in targets]
+                before = [windows[t].state for t in targets]
                 rt = sender.on_ack(root, now)
-                show = before != [(windows[t].window < lo, windows[t].window < hi) for t in targets]
+                show = before != [windows[t].state for t in targets]
             if rt is not None and number is not None:
                 cum.on_ack(number, rt)
         if show:
@@ -223,10 +222,12 @@ class WindowFlowControl:
         return self.acks[spout].resume_position
 
     def _show(self, spout: int) -> None:
-        """Windows under ``max`` as the step count; the flag while any is under ``initial``."""
+        """Windows that hold their task back (SLOW or BUSY: their last ack or fail shrank them)
+        as the step count, and the flag while there is one. (A window under ``max`` is not
+        one: by W2b it stops growing where it no longer limits the spout.)"""
         ws = self.senders[spout].windows.values()
-        small = sum(1 for w in ws if w.window < self.params.max)
-        shown = (small, any(w.window < self.params.initial for w in ws))
+        small = sum(1 for w in ws if w.state != NORMAL)
+        shown = (small, small > 0)
         if shown != self._shown.get(spout):
             self._shown[spout] = shown
             self.handles[spout].show(FlowDisplay(small, shown[1], None))

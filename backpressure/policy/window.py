@@ -14,8 +14,21 @@ Rules (each is a test in ``tests/test_window_policy.py`` named after it)
   ``rtt_threshold`` grows the window by ``step`` (1 tuple) per ack, up to ``max``.
   The document asks for linear growth and no slow start or ssthresh; "linear" is
   read as a constant step per ack.
-* **W3 SLOW shrinks linearly**: an ack over ``rtt_threshold`` shrinks it by ``step``,
+* **W2b growth only while the window is used** (reconstruction, TCP's congestion window
+  validation, RFC 7661: the document's spout always has tuples to send): a NORMAL ack
+  grows the window only when the last send filled it. A spout that sends less than its
+  windows admit (its source is slower than the bolts) leaves them where they are, so a
+  window cannot grow to ``max`` while nothing limits it and then let a whole ``max`` of
+  tuples pile up in front of a task whose capacity dropped.
+* **W3 SLOW shrinks linearly**: an ack over the normal range shrinks it by ``step``,
   never under ``min``.
+* **W3b the normal range starts at the base round trip** (reconstruction: the document
+  says "within the normal range" and "over the threshold" without a number): an ack is
+  NORMAL when its round trip is at most ``rtt_threshold`` over the smallest round trip
+  this window has seen (its base, as TCP Vegas' BaseRTT: the path with no queue). So
+  ``rtt_threshold`` is the queueing delay a window lets build up in front of its task,
+  the same on a path whose bare round trip is 2 ms or 300 ms; an absolute threshold
+  shrank every window of a path slower than it to ``min`` with no queue at all.
 * **W4 BUSY on fail or timeout**: the window shrinks by one at once, the tuple
   leaves the window and is handed back for re-sending to *another* task of the
   same component that has room (round robin after the busy one); under fields
@@ -56,7 +69,7 @@ class WindowParams:
     initial: int = 16
     min: int = 1
     max: int = 4096
-    rtt_threshold: float = 0.2         # seconds
+    rtt_threshold: float = 0.05        # seconds of round trip over the base (W3b)
     step: float = 1.0                  # tuples per ack (W2, W3)
     batch: int = 256
     check_interval: float = 0.05       # seconds (the driver's period without per-tuple acks)
@@ -87,12 +100,15 @@ class SendWindow(Generic[R]):
         self.window = float(params.initial)
         self.state = NORMAL
         self.in_flight: dict[R, float] = {}
+        self.used = False                  # W2b: the last send filled the window
+        self.base: float | None = None     # W3b: the smallest round trip seen
 
     def has_room(self) -> bool:
         return len(self.in_flight) < int(self.window)
 
     def on_sent(self, root: R, now: float) -> None:
         self.in_flight[root] = now
+        self.used = len(self.in_flight) >= int(self.window)
 
     def on_ack(self, root: R, now: float) -> float | None:
         """The round trip; None for a root this window does not hold (a late ack after a fail)."""
@@ -100,15 +116,20 @@ class SendWindow(Generic[R]):
         if sent is None:
             return None
         rt = now - sent
-        self.classify(rt <= self.params.rtt_threshold)
+        base = self.base
+        if base is None or rt < base:
+            self.base = base = rt
+        self.classify(rt <= base + self.params.rtt_threshold, used=self.used)
         return rt
 
-    def classify(self, normal: bool, acks: int = 1) -> None:
-        """W2/W3 for ``acks`` acks of one kind (the driver's fallback counts them per period)."""
+    def classify(self, normal: bool, acks: int = 1, used: bool = True) -> None:
+        """W2/W3 for ``acks`` acks of one kind (the driver's fallback counts them per period);
+        ``used``: whether the window was filled (W2b; the fallback cannot tell, so it grows)."""
         p = self.params
         if normal:
             self.state = NORMAL
-            self.window = min(float(p.max), self.window + p.step * acks)
+            if used:
+                self.window = min(float(p.max), self.window + p.step * acks)
         else:
             self.state = SLOW
             self.window = max(float(p.min), self.window - p.step * acks)
