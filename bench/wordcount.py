@@ -18,8 +18,9 @@ Both topologies are shuffle then fields on ``word``, one task each, no sink; Byt
 reads a ``TestingSource`` in batches of 1000 in both. topo runs each variant with acking
 off and on, and with acking on at both granularities (``acking.granularity``: ``tuple``,
 Storm's edge per tuple; ``batch``, Trident's tree per spout batch). The bare chain is
-three asyncio tasks joined by ``asyncio.Queue(1000)`` passing one item per sentence/word. One extra topo side keeps the topology earlier
-figures were taken on (``SplitBolt`` -> ``CountBolt``, which emits a running count per word).
+three asyncio tasks joined by ``asyncio.Queue(1000)`` passing one item per sentence/word.
+One extra topo side keeps the topology earlier figures were taken on (``SplitBolt`` ->
+``CountBolt``, which emits a running count per word).
 
 Workers: ``topo run <spec> --quiet --workers N`` (wall time of the whole command,
 process start included) on ``WORKER_SENTENCES`` sentences, spout x2 (``local_or_shuffle``

@@ -217,7 +217,8 @@ class SpoutCollector:
         (the spout task calls it after each round of ``next_tuple`` calls, and the outbox
         before any batch leaves)."""
         collector = self
-        grouped, grouped_of, grouped_many_of = outbox.grouped, emit_of(outbox.grouped, outbox), emit_of(outbox.grouped_many, outbox)
+        grouped = outbox.grouped
+        grouped_of, grouped_many_of = emit_of(grouped, outbox), emit_of(outbox.grouped_many, outbox)
         send_untracked = untracked_by_stream(outbox)
         open_root = acker.open
         perf = time.perf_counter
