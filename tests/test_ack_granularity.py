@@ -299,3 +299,20 @@ def test_final_counts_are_exact_across_two_workers_with_batch_granularity(tmp_pa
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert dict(read_table(str(tmp_path / "final.db"), "word_counts")) == dict(expected_counts(repeat=400))
+
+
+@pytest.mark.timeout(300)
+def test_with_checkpoints_timeouts_roll_back_and_the_table_is_exact(tmp_path: Path) -> None:
+    """A batch that times out rolls the run back to its last checkpoint, as a tuple does."""
+    spec = yaml.safe_load((Path(__file__).parent / "test_checkpoints.py").read_text()
+                          .split('REPLAYING = """', 1)[1].split('"""', 1)[0])
+    spec["config"]["acking.granularity"] = "batch"
+    (tmp_path / "replaying.yaml").write_text(yaml.safe_dump(spec))
+    proc = subprocess.run([sys.executable, "-m", "topo.cli", "run", "replaying.yaml", "--quiet",
+                           "--config", "checkpoint.interval_ms=100", "--config", "message_timeout_s=0.3",
+                           "--config", f"checkpoint.dir={tmp_path / 'ck'}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests" / "data")])})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "rolling back to the last checkpoint" in proc.stderr      # a batch did time out
+    assert dict(read_table(str(tmp_path / "wordcount.db"), "word_counts")) == dict(expected_counts(repeat=300))
