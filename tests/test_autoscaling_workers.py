@@ -199,3 +199,21 @@ def test_the_adaptive_driver_scales_a_keyed_count_out_and_back_in_across_workers
     assert dict(read_table(db, "counts")) == truth(src["acked"]), "a count is off across the driver's rescales"
     print(f"driver across workers: add asked by worker {out.asked_by} (spouts held {out.paused_ms:.0f} ms), "
           f"remove asked by worker {back.asked_by}; {src['acked']} words counted exactly")
+
+
+def test_a_keyed_bolt_under_batch_acking_is_left_unscaled_across_workers_and_refused_under_true(
+        tmp_path: Path) -> None:
+    """Across workers a keyed rescale sends held tuples one by one by their new owners: it
+    would split acking.granularity batch's ack groups. One process drains instead."""
+    from runtime.local.engine import scalable_components
+    from runtime.local.workers import check_shippable
+    from topo.config import ConfigError
+
+    t = _topology("autoscale-batch-acking", 10, str(tmp_path / "c.db"), "embedded",
+                  **{"acking.granularity": "batch"})
+    cfg = resolve(t.config, {})
+    assert scalable_components(t, cfg, across_workers=True) == frozenset({"sink"})
+    assert scalable_components(t, cfg) == frozenset({"count", "sink"})
+    with pytest.raises(ConfigError, match=r"^config 'backpressure.adaptive.autoscale': bolt 'count' is fed by fields "
+                                          r"grouping, and across workers .* split acking.granularity batch's ack groups"):
+        check_shippable(t, resolve(t.config, {"backpressure.adaptive.autoscale": True}))

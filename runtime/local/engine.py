@@ -101,7 +101,7 @@ def end_of_input_order(topology: Topology, has_hook: Callable[[str], bool] | Non
     return [c for c in done if topology.components[c].kind == "bolt" and has_hook(c)]
 
 
-def scalable_components(topology: Topology, config: ResolvedConfig) -> frozenset[str]:
+def scalable_components(topology: Topology, config: ResolvedConfig, *, across_workers: bool = False) -> frozenset[str]:
     """The bolts an adaptive run may grow (with ``backpressure.policy: adaptive``).
 
     ``backpressure.adaptive.autoscale: auto`` leaves out, with one log line each, the
@@ -115,7 +115,7 @@ def scalable_components(topology: Topology, config: ResolvedConfig) -> frozenset
     for c in topology.bolts:
         if top <= c.parallelism:
             continue
-        obstacle = scaling_obstacle(topology, config, c.id)
+        obstacle = scaling_obstacle(topology, config, c.id, across_workers=across_workers)
         if obstacle is None:
             chosen.add(c.id)
         elif mode == "true":
@@ -132,8 +132,14 @@ def keyed_inputs(topology: Topology, component: str) -> list[FieldsGrouping]:
     return [i.grouping for i in topology.components[component].inputs if isinstance(i.grouping, FieldsGrouping)]
 
 
-def scaling_obstacle(topology: Topology, config: ResolvedConfig, component: str) -> str | None:
+def scaling_obstacle(topology: Topology, config: ResolvedConfig, component: str, *,
+                     across_workers: bool = False) -> str | None:
     """Why autoscaling ``component`` could not keep results exact, or None.
+
+    Across workers a keyed rescale sends the tuples held at its fence by their new key
+    owners, one by one; under ``acking.granularity: batch`` tuples travel in ack groups
+    (one edge for all the tuples one task sent to one target under one parent), which
+    that would split.
 
     With checkpoints a restore gives each task the state of its index: an added task's
     state would be lost by a restore with fewer tasks, unless it is keyed state, which the
@@ -147,6 +153,9 @@ def scaling_obstacle(topology: Topology, config: ResolvedConfig, component: str)
                 f"task's state back")
     if not keyed:
         return None
+    if across_workers and config["acking.granularity"] == "batch":
+        return (f"bolt {component!r} is fed by fields grouping, and across workers a rescale re-routes its "
+                f"held tuples one by one, which would split acking.granularity batch's ack groups")
     for g in keyed:
         if not isinstance(bolt, KeyedBolt):
             return (f"bolt {component!r} is fed by fields grouping on {list(g.fields)} but is not a "
@@ -337,7 +346,7 @@ class LocalEngine:
         """Bolts a flow control with a ``scaler`` may grow (in one process or across workers)."""
         if not hasattr(self.flow, "scaler"):
             return frozenset()
-        return scalable_components(self.topology, self.config)
+        return scalable_components(self.topology, self.config, across_workers=self.network is not None)
 
     async def add_task(self, component: str) -> BoltTask | None:
         """One more task of bolt ``component``, routed to by every upstream once it runs."""

@@ -91,7 +91,7 @@ _REPLY_TIMEOUT_S = 5.0
 def check_shippable(topology: Topology, config: dict[str, Any]) -> None:
     """What cannot run in worker processes, as one line."""
     if config.get("backpressure.policy") == "adaptive":
-        scalable_components(topology, config)     # autoscale: true and a bolt it cannot keep exact: one line
+        scalable_components(topology, config, across_workers=True)   # autoscale: true and a bolt it cannot keep exact
     port, workers = int(config.get("metrics.port") or 0), int(config.get("workers") or 1)
     if port and port + workers - 1 > 65535:
         raise TopologyError(f"metrics.port {port}: worker i serves its metrics on metrics.port + i, and "
@@ -378,7 +378,7 @@ class Supervisor:
         ctx = mp.get_context("spawn")
         self._ctx = ctx
         self.layout = Layout.initial(self.topology, self.workers)
-        self._scalable = (scalable_components(self.topology, self.config)
+        self._scalable = (scalable_components(self.topology, self.config, across_workers=True)
                           if self.config["backpressure.policy"] == "adaptive" else frozenset())
         self.coordinator, extra = serve_coordinator(self.config, self.directory)
         self.worker_config = {**self.config, **extra, WORKER_GRAPH: topology_graph(self.topology)}
