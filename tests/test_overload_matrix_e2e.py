@@ -106,10 +106,10 @@ SETTINGS = {"": {}, "flat": {"backpressure.flat_queue_holds": True, "backpressur
             # the matrix's stepwise+search row
             "search": {"backpressure.fine_steps": 16, "backpressure.bracket_search": True,
                        "backpressure.release_window_ms": 50, "backpressure.queue_smoothing_ms": 50},
-            # the matrix's stepwise+slopes row (the light window: the sensitivity here, as there)
+            # the matrix's stepwise+slopes row
             "slopes": {"backpressure.fine_steps": 16, "backpressure.bracket_search": True,
                        "backpressure.release_window_ms": 50, "backpressure.queue_smoothing_ms": 50,
-                       "backpressure.bracket_light_window_ms": 100, "backpressure.bracket_interpolate": True}}
+                       "backpressure.bracket_interpolate": True}}
 CASES = [(k, False, "") for k in BUILD] + [("a", True, ""), ("b", True, ""), ("d", False, "flat"),
                                            ("e", False, "flat")] + [(k, False, "search") for k in "bcef"] + [
                                            (k, False, "slopes") for k in "bcef"]
