@@ -14,8 +14,8 @@ ZooKeeper: the overload is made to happen, then lifted, and the test asserts
 
 (d) and (e) run once more with ``backpressure.flat_queue_holds`` and
 ``backpressure.release_window_ms`` (the matrix's ``stepwise+flat``), and (b), (c), (e)
-and (f) with the settings of the matrix's ``stepwise+search`` (``bracket_search``);
-there ``originv`` may have been raised once (a source overloading again as soon as it
+and (f) with the settings of the matrix's ``stepwise+search`` (``bracket_search``) and
+again with those of ``stepwise+slopes`` (``bracket_interpolate`` too); there ``originv`` may have been raised once (a source overloading again as soon as it
 was let go), and the return is to the ``originv`` in force.
 
 Nothing here asserts on wall time; the waits only bound a hang.
