@@ -1131,6 +1131,19 @@ def test_bracket_interpolate_reads_the_trend_after_a_step_from_when_the_step_sho
     assert th.k == expect
 
 
+def test_bracket_interpolate_no_slope_across_a_clock_stepped_back_or_from_a_queue_already_low() -> None:
+    w, d, th, params = _sloped(bracket_interpolate=True)
+    w.check(d, 1.0, HIGH)                     # moved at 1.0 s, at the high mark, to k 16
+    assert d._slope(1, BACKPRESSURE, 16, 0.5, 1.2 * HIGH) is None      # "now" before the move
+    assert d._slope(1, BACKPRESSURE, 16, 1.0, 1.2 * HIGH) is None      # no time elapsed
+    d.low_at = 0.9                            # reached the low mark before the move: not this fall
+    assert d._slope(1, RELEASE, 16, 2.0, 0) is None
+    d.low_at = 1.5                            # after it: fell from the high mark to the low mark in 0.5 s
+    assert d._slope(1, RELEASE, 16, 2.0, 0) == pytest.approx((HIGH - LOW) / 0.5)
+    d.moved[1] = (1.0, LOW / 2, 16)           # the queue was already under the low mark at the move
+    assert d._slope(1, RELEASE, 16, 2.0, 0) is None
+
+
 def test_bracket_interpolate_follows_a_raised_originv_instead_of_creeping_from_the_free_rate() -> None:
     # As in the test of the raised originv above: light was seen at k 1 of originv 20,000 (17,800/s). The
     # upstream, overloading again at once when let go, now counts from 40,000: the same rate is k 9.
