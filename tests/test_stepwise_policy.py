@@ -1169,6 +1169,19 @@ def test_bracket_interpolate_follows_a_raised_originv_instead_of_creeping_from_t
         assert th.k == expect, interpolate
 
 
+def test_bracket_interpolate_rebase_keeps_rates_either_way_and_leaves_the_free_rate() -> None:
+    _, d, _, _ = _sloped(bracket_interpolate=True)      # fine_steps 16, v' 0.5
+    d.over[1], d.light[1] = 8, 24
+    d._rebase(1, 20_000.0)                   # the first originv seen: nothing to shift
+    assert (d.over[1], d.light[1]) == (8, 24)
+    d._rebase(1, 40_000.0)                   # raised a whole step: the same rates are 16 parts further
+    assert (d.over[1], d.light[1]) == (24, 40)
+    d._rebase(1, 10_000.0)                   # an upstream restarted and measured lower: two steps back
+    assert (d.over[1], d.light[1]) == (0, 8)
+    d._rebase(1, 20_000.0)                   # over at 0 is the free rate, not a step of any originv
+    assert (d.over[1], d.light[1]) == (0, 24)
+
+
 def test_bracket_light_window_and_interpolate_come_from_the_config_and_are_off_by_default() -> None:
     from topo.config import resolve
     default = StepwiseParams.from_config(resolve({}))
