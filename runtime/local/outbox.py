@@ -227,6 +227,14 @@ class Outbox:
 
             return emit_routed
 
+        if not plan:
+            def emit_nowhere(values: Sequence[Any], born: float) -> None:
+                """No component subscribes to this stream: checked, counted by the collector, dropped."""
+                if len(values) != nfields:
+                    raise arity_error(values, stream)
+
+            return emit_nowhere
+
         def emit_general(values: Sequence[Any], born: float) -> None:
             if len(values) != nfields:
                 raise arity_error(values, stream)
