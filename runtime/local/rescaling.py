@@ -29,8 +29,8 @@ lifted with the old routes, and the supervisor starts the dead worker again from
 unchanged layout. After the commit the rescale goes on with the living workers and
 the dead one comes back from the new layout. Either way, with acking on, the tuples
 the dead worker held time out at their spouts and are replayed: nothing is lost (its
-keyed state is, as it is without a rescale; exact state through a crash needs
-checkpoints, which autoscaling does not run with).
+keyed state is, as it is without a rescale; with checkpoints on, every worker rolls
+back to the last checkpoint, which records the layout it was taken with).
 """
 from __future__ import annotations
 
