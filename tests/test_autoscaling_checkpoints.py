@@ -21,6 +21,8 @@ from coord_backends import until
 from runtime.local.engine import LocalEngine
 from test_autoscaling import OffsetWords, adaptive, keyed_totals, truth as words_truth
 from test_autoscaling import Count
+from test_backpressure_e2e import Shared
+from topo.api import Tuple
 from test_autoscaling_workers import Running, _topology
 from topo.sinks import read_table
 from topo.topology import TopologyBuilder
@@ -42,8 +44,13 @@ async def test_an_added_tasks_keyed_state_comes_back_from_a_checkpoint_with_fewe
     run = asyncio.create_task(first.run())
     count_tasks = lambda: [t for t in first.bolt_tasks if t.component == "count"]   # noqa: E731
     await until(lambda: sum(t.stats.executed for t in count_tasks()) > 5_000, 30, what="traffic")
-    added = await first.add_task("count")
-    assert added is not None
+    added = None
+    for _ in range(100):            # None: a checkpoint was draining the topology; try again
+        added = await first.add_task("count")
+        if added is not None:
+            break
+        await asyncio.sleep(0.01)
+    assert added is not None, "add_task declined 100 times in a row"
     cp = first.checkpointer
     assert cp is not None
     after = cp.stats.completed
@@ -61,6 +68,69 @@ async def test_an_added_tasks_keyed_state_comes_back_from_a_checkpoint_with_fewe
     await asyncio.wait_for(second.run(), 60)
     totals, _ = keyed_totals(second, "count")
     assert totals == words_truth(n), "keyed state of the added task was lost (or counted twice) by the restore"
+
+
+class Gate(Shared):
+    """Open unless the test closes it; the counting tasks wait at it (shared by every copy)."""
+
+    def __init__(self) -> None:
+        self.open: asyncio.Event | None = None
+
+    def event(self) -> asyncio.Event:
+        if self.open is None:
+            self.open = asyncio.Event()
+            self.open.set()
+        return self.open
+
+
+class GatedCount(Count):
+    def __init__(self, gate: Gate) -> None:
+        super().__init__()
+        self.gate = gate
+
+    async def execute(self, tup: Tuple) -> None:   # type: ignore[override]
+        await self.gate.event().wait()
+        await super().execute(tup)
+
+
+async def test_a_checkpoint_that_ends_inside_a_rescales_drain_leaves_the_spouts_held(tmp_path: Path) -> None:
+    """The spouts are held by whoever drains: a checkpoint finishing first must not let them
+    emit (to the old key owners) while the rescale still waits for its drain."""
+    gate = Gate()
+    b = TopologyBuilder("scale-under-checkpoint")
+    b.spout("src", OffsetWords(1_000_000))
+    b.bolt("count", GatedCount(gate), parallelism=2).fields("src", "word")
+    cfg = adaptive(acking=True, drain_timeout_s=3,
+                   **{"checkpoint.interval_ms": 600_000, "checkpoint.dir": str(tmp_path)})
+    engine = LocalEngine(b.build(), cfg)
+    run = asyncio.create_task(engine.run())
+    spout = engine.spout_tasks[0]
+    counting = [t for t in engine.bolt_tasks if t.component == "count"]
+    await until(lambda: sum(t.stats.executed for t in counting) > 1_000, 30, what="traffic")
+    gate.event().clear()
+    await until(lambda: any(not t.waiting for t in counting), 10, what="a counting task held at the gate")
+    started: list[int] = []
+    start_task = engine._start_task
+
+    def starting(component: str) -> object:
+        started.append(spout.stats.emitted)
+        return start_task(component)
+
+    engine._start_task = starting  # type: ignore[method-assign]
+    add = asyncio.create_task(engine.add_task("count"))
+    await until(lambda: engine.run_state.paused and spout.holding, 10, what="the rescale holding the spouts")
+    cp = engine.checkpointer
+    assert cp is not None
+    take = asyncio.create_task(cp.take())
+    await asyncio.sleep(0.05)
+    held_at = spout.stats.emitted
+    gate.event().set()
+    assert await take, "the checkpoint did not complete"
+    added = await add
+    assert added is not None, "the rescale's drain never settled: the spouts ran on after the checkpoint"
+    assert started == [held_at], "the spouts emitted between the checkpoint's end and the key move"
+    engine.request_stop()
+    await asyncio.wait_for(run, 60)
 
 
 def test_across_workers_a_rollback_after_a_keyed_rescale_restores_the_tasks_it_checkpointed(

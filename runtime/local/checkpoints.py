@@ -137,7 +137,7 @@ class Checkpointer:
             return False         # the supervisor takes every checkpoint, the final one too
         run = self.run
         started = time.monotonic()
-        run.paused = True
+        run.holds.add("checkpoint")
         try:
             while not (self._spouts_holding() and self.quiescent()):
                 if run.stopping and not final:
@@ -152,7 +152,7 @@ class Checkpointer:
             states = self.snapshot()
             self.stats.snapshot_s.append(time.monotonic() - t_snap)
         finally:
-            run.paused = False
+            run.holds.discard("checkpoint")
             for s in self.spouts:
                 s.wake()
         self.stats.durations_s.append(time.monotonic() - started)
@@ -195,10 +195,10 @@ class Checkpointer:
 
     def pause(self) -> None:
         """Spouts hold at their next call boundary (the global cut is being drained)."""
-        self.run.paused = True
+        self.run.holds.add("checkpoint")
 
     def resume(self) -> None:
-        self.run.paused = False
+        self.run.holds.discard("checkpoint")
         for s in self.spouts:
             s.wake()
 

@@ -567,7 +567,7 @@ class LocalEngine:
     async def _pause_drained(self, component: str) -> bool:
         """Spouts hold at their next call boundary until nothing routed by the old key owners
         is left on its way to ``component`` (``_keys_still``)."""
-        self.run_state.paused = True
+        self.run_state.holds.add("rescale")
         t0 = time.monotonic()
         if await self._settle(functools.partial(self._keys_still, component)):
             self._drained_ms = (time.monotonic() - t0) * 1000
@@ -577,7 +577,7 @@ class LocalEngine:
         return False
 
     def _resume(self) -> None:
-        self.run_state.paused = False
+        self.run_state.holds.discard("rescale")
         for s in self.spout_tasks:
             s.wake()
 
@@ -608,7 +608,7 @@ class LocalEngine:
     def fence(self, component: str) -> None:
         """Spouts hold, and every batch this worker sends towards ``component``'s tasks waits
         at a ``HeldQueue`` until ``apply_tasks`` (or ``unfence``) routes it again."""
-        self.run_state.paused = True
+        self.run_state.holds.add("rescale")
         for tid in self.task_ids[component]:
             q = self.targets.get(tid)
             if q is not None and tid not in self._held:

@@ -79,8 +79,15 @@ class RunState:
     stop_reason: str = ""
     stop_event: asyncio.Event | None = None   # set by ``request_stop``; made by the running engine
     topology: str = ""
-    paused: bool = False          # a checkpoint is draining: spouts hold at their next call boundary
+    # Who holds the spouts at their next call boundary ("checkpoint", "rescale"): a checkpoint
+    # and a rescale may drain at once, and neither's end may let the spouts run under the other.
+    holds: set[str] = field(default_factory=set)
     rollback_on_failure: bool = False   # checkpoints on: a failed tuple rolls back, never replays
+
+    @property
+    def paused(self) -> bool:
+        """Someone drains the topology: spouts hold at their next call boundary."""
+        return bool(self.holds)
 
     def request_stop(self, reason: str = "stopped") -> None:
         if not self.stopping:
