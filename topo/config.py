@@ -293,6 +293,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("spark.initial_rate", 500.0, _float, "slow start: records per source partition per second before the first batch ends",
             check=_slow_start),
     Setting("spark.min_rate", 100.0, _float, "the controllers never cap a source below this many records/s", check=_between(0, MAX_RATE)),
+    Setting("spark.smooth_batches", 3, _int, "doc001 reads the processing rate over this many of the last finished batches (1: the latest alone, the document's reading)",
+            check=_between(1, 3)),
     Setting("spark.max_rate_per_partition", None, _float, "fixed cap in records/s per source partition (rate_control fixed)",
             nullable=True, check=_between(0, MAX_RATE, above=True)),
     Setting("spark.max_rows_per_batch", None, _int, "hard limit on rows per micro-batch per source; null for none",
