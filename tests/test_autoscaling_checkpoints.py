@@ -28,15 +28,39 @@ from topo.sinks import read_table
 from topo.topology import TopologyBuilder
 
 sys.path.insert(0, str(Path(__file__).parent / "data"))
-from autoscaling_components import truth  # noqa: E402
+from autoscaling_components import HeldPacedWords, truth  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(240)]
 
 
+class Release(Shared):
+    """Closed until the test opens it (shared by every copy of the spout)."""
+
+    def __init__(self) -> None:
+        self.opened = False
+
+
+class HeldOffsetWords(OffsetWords):
+    """``OffsetWords`` that emit nothing past ``hold_at`` until ``release`` is opened: a run
+    cannot reach the end of its input while the test still waits for checkpoints, however
+    slow the machine (the spout then idles at a call boundary, where checkpoints take it)."""
+
+    def __init__(self, n: int, hold_at: int, release: Release) -> None:
+        super().__init__(n)
+        self.hold_at, self.release = hold_at, release
+
+    async def next_tuple(self) -> None:
+        if self.i >= self.hold_at and not self.release.opened:
+            await asyncio.sleep(0.005)
+            return
+        await super().next_tuple()
+
+
 async def test_an_added_tasks_keyed_state_comes_back_from_a_checkpoint_with_fewer_tasks(tmp_path: Path) -> None:
     n = 40_000
+    release = Release()
     b = TopologyBuilder("scale-checkpoint-restore")
-    b.spout("src", OffsetWords(n))
+    b.spout("src", HeldOffsetWords(n, hold_at=30_000, release=release))
     b.bolt("count", Count(), parallelism=2).fields("src", "word")
     topology = b.build()
     cfg = adaptive(acking=True, **{"checkpoint.interval_ms": 200, "checkpoint.dir": str(tmp_path)})
@@ -61,8 +85,9 @@ async def test_an_added_tasks_keyed_state_comes_back_from_a_checkpoint_with_fewe
     _, holder = keyed_totals(first, "count")
     assert added.task_id in holder.values(), "the added task held no key at the last checkpoint"
     offset = first.spout_tasks[0].spout.i        # type: ignore[attr-defined]
-    assert offset < n, "the spout ran out before the stop: nothing left to restore into"
+    assert offset <= 30_000 < n, "the spout ran past its hold: nothing left to restore into"
 
+    release.opened = True
     second = LocalEngine(topology, cfg)          # the topology's 2 counting tasks again
     assert second.task_ids["count"] == [2, 3]
     await asyncio.wait_for(second.run(), 60)
@@ -137,7 +162,9 @@ def test_across_workers_a_rollback_after_a_keyed_rescale_restores_the_tasks_it_c
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     n = 40_000
     db = str(tmp_path / "counts.db")
+    release = tmp_path / "release"       # the spout holds at 30,000 until it exists
     run = Running(_topology("autoscale-workers-checkpoints", n, db, "embedded",
+                            HeldPacedWords(n, hold_at=30_000, release=str(release)),
                             **{"checkpoint.interval_ms": 300, "checkpoint.dir": str(tmp_path)}))
     run.until(lambda: sum(run.executed("count").values()) > 3_000, 60, "the counts under way")
     out = run.rescale("add")
@@ -145,6 +172,7 @@ def test_across_workers_a_rollback_after_a_keyed_rescale_restores_the_tasks_it_c
     at_add = run.sup.last_checkpoint
     run.until(lambda: run.sup.last_checkpoint > at_add + 1 and run.executed("count").get(5, 0) > 500, 60,
               "a checkpoint with the third task's state")
+    release.touch()                               # the rolled-back run goes on to the end
     w = run.sup.procs[1]                          # tasks 2 and 5
     os.kill(w.process.pid, signal.SIGKILL)
     result = run.join()

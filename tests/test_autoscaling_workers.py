@@ -29,20 +29,20 @@ from runtime.local.engine import RunResult
 from runtime.local.workers import Supervisor
 
 sys.path.insert(0, str(Path(__file__).parent / "data"))
-from autoscaling_components import FinalKeyedCount, PacedWords, ScheduledWords, SlowThenFastCount, truth  # noqa: E402,E501
+from autoscaling_components import FinalKeyedCount, HeldPacedWords, PacedWords, ScheduledWords, SlowThenFastCount, truth  # noqa: E402,E501
 from zk_server import zookeeper  # noqa: E402,F401  (the session fixture)
 
 pytestmark = pytest.mark.timeout(300)
 
 
-def _topology(name: str, n: int, db: str, where: str, **over: Any) -> Any:
+def _topology(name: str, n: int, db: str, where: str, spout: Any = None, **over: Any) -> Any:
     # A backpressure window so long that no mark is raised: the drivers ask for nothing
     # themselves, the test asks the supervisor (as a worker's driver would).
     b = TopologyBuilder(name, {
         "acking": True, "backpressure.policy": "adaptive", "backpressure.adaptive.window_ms": 600_000,
         "backpressure.adaptive.max_parallelism": 4, "coordinator": where, "queue.hard_bound": "256KB",
         "queue.high_mark": "128KB", "queue.low_mark": "16KB", **over})
-    b.spout("src", PacedWords(n))                                            # task 1: worker 0
+    b.spout("src", spout if spout is not None else PacedWords(n))            # task 1: worker 0
     b.bolt("count", FinalKeyedCount(), parallelism=2).fields("src", "word")  # tasks 2, 3: workers 1, 0
     b.bolt("sink", SQLiteSink(db, "counts", ["word", "count"], ["word"])).shuffle("count")   # task 4: worker 0
     return b.build()
@@ -108,7 +108,9 @@ def test_a_keyed_count_scaled_2_to_3_and_back_across_two_workers_counts_exactly(
              else "embedded")
     n = 60_000
     db = str(tmp_path / "counts.db")
-    run = Running(_topology(f"autoscale-workers-{coordinator}", n, db, where))
+    release = tmp_path / "release"       # the spout holds at 50,000 until it exists: still under load
+    run = Running(_topology(f"autoscale-workers-{coordinator}", n, db, where,
+                            HeldPacedWords(n, hold_at=50_000, release=str(release))))
     run.until(lambda: sum(run.executed("count").values()) > 4_000, 60, "the counts under way")
     out = run.rescale("add")
     assert (out.kind, out.task, out.tasks_after) == ("add", 5, 3), out
@@ -122,6 +124,7 @@ def test_a_keyed_count_scaled_2_to_3_and_back_across_two_workers_counts_exactly(
     back = run.rescale("remove")
     assert (back.kind, back.task, back.tasks_after) == ("remove", 5, 2), back
     assert layout.task_ids["count"] == [2, 3]
+    release.touch()
     result = run.join()
     totals = result.component_totals()
     assert totals["src"]["acked"] == n and not totals["src"]["failed"], totals["src"]
@@ -146,8 +149,10 @@ def test_a_worker_killed_mid_rescale_loses_no_tuple(tmp_path: Path, phase: str) 
             os.kill(w.process.pid, signal.SIGKILL)
             w.process.join(10)
 
+    release = tmp_path / "release"       # the spout holds at 30,000 until it exists
     run = Running(_topology(f"autoscale-kill-{phase}", n, str(tmp_path / "c.db"), "embedded",
-                            message_timeout_s=3), on_phase=kill_worker_1)
+                            HeldPacedWords(n, hold_at=30_000, release=str(release)), message_timeout_s=3),
+                  on_phase=kill_worker_1)
     run.until(lambda: sum(run.executed("count").values()) > 3_000, 60, "the counts under way")   # type: ignore
     out = run.rescale("add")
     assert kills, "worker 1 was not killed"
@@ -164,6 +169,7 @@ def test_a_worker_killed_mid_rescale_loses_no_tuple(tmp_path: Path, phase: str) 
         assert out.task == 5 and layout.task_ids["count"] == [2, 3, 5], out
     run.until(lambda: run.executed("count").get(layout.task_ids["count"][-1], 0) > 200, 60,
               "the added task counting (in the restarted worker)")
+    release.touch()
     result = run.join()
     src = result.component_totals()["src"]
     assert src["acked"] == n, f"tuples lost: {n - src['acked']} of {n} never acked ({src})"

@@ -43,6 +43,24 @@ class PacedWords(Spout):
         self.i = state
 
 
+class HeldPacedWords(PacedWords):
+    """``PacedWords`` that emit nothing past ``hold_at`` until the file ``release`` exists:
+    a run cannot reach the end of its input while a test still waits for something (a
+    checkpoint, a rescale), however slow the machine. The spout idles at a call boundary
+    meanwhile, where checkpoints take it; a worker restarted after the file appeared runs on."""
+
+    def __init__(self, n: int, hold_at: int, release: str) -> None:
+        super().__init__(n)
+        self.hold_at, self.release = hold_at, release
+
+    async def next_tuple(self) -> None:
+        import os
+        if self.i >= self.hold_at and not os.path.exists(self.release):
+            await asyncio.sleep(0.005)
+            return
+        await super().next_tuple()
+
+
 class FinalKeyedCount(KeyedBolt):
     """Counts words in keyed state (what a rescale moves between workers) and emits each
     word's count once, when the input ends."""
