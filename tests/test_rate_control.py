@@ -1,9 +1,13 @@
 """Document 001's rate controller, Spark's DStream PID rules and the fixed cap, on a fake clock.
 
 Times are plain floats (seconds); the controllers never read a clock, so each test is
-a script of batch starts, ends and submissions.
+a script of batch starts, ends and submissions. Tests of a rule read off one batch pass
+``smooth_batches=1`` (the document's reading), as they pass ``headroom=0.0``, so each
+checks its own rule; the three-batch window has its own tests at the end.
 """
 from __future__ import annotations
+
+import math
 
 import pytest
 
@@ -180,7 +184,7 @@ def test_submission_is_idempotent_without_news():
 
 
 def test_latest_rate_is_the_cap_the_batch_ran_with():
-    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
+    c = AdaptiveRateController(1.0, 2, smooth_batches=1, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
     c.on_submit(0.0)
     run_batch(c, 0.0, 0.5, 1000)
     r1 = c.on_submit(1.0)        # 2000
@@ -200,7 +204,7 @@ def test_empty_batches_do_not_feed_the_pid_but_end_the_running_state():
 
 
 def test_derivative_term_when_kd_set():
-    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
+    c = AdaptiveRateController(1.0, 2, smooth_batches=1, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
     c.kd = 0.5
     c.on_submit(0.0)
     run_batch(c, 0.0, 0.5, 1000)       # cap 1000, error_1 = -1000
@@ -276,7 +280,7 @@ def fixed_cost_batches(c, sizes, a=0.4, marginal=100_000.0, t0=0.0):
 
 def test_a_fast_batch_with_a_fixed_cost_raises_the_cap_to_the_rate_that_fills_the_interval():
     # 0.4 s per batch whatever its size, then 100,000 rows/s: an interval holds 60,000 rows.
-    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
+    c = AdaptiveRateController(1.0, 2, smooth_batches=1, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
     t = fixed_cost_batches(c, [10_000, 20_000, 40_000])
     # elements / t_proc would say 40,000 / 0.8 = 50,000 and leave each batch 0.2 s short.
     assert c.on_submit(t) == pytest.approx(60_000)
@@ -284,7 +288,7 @@ def test_a_fast_batch_with_a_fixed_cost_raises_the_cap_to_the_rate_that_fills_th
 
 
 def test_after_a_capacity_drop_the_cut_accounts_for_the_fixed_cost():
-    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
+    c = AdaptiveRateController(1.0, 2, smooth_batches=1, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
     t = fixed_cost_batches(c, [20_000, 40_000, 60_000])
     c.on_submit(t)
     run_batch(c, t, 0.4 + 60_000 / 50_000, 60_000)      # the per-row work doubles: 1.6 s
@@ -303,7 +307,7 @@ def test_without_batches_of_different_sizes_there_is_no_fixed_cost():
 
 
 def test_the_fixed_cost_is_bounded_so_one_noisy_fit_cannot_collapse_the_cap():
-    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
+    c = AdaptiveRateController(1.0, 2, smooth_batches=1, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
     t = fixed_cost_batches(c, [10_000, 20_000, 30_000], a=0.9, marginal=1_000_000)
     assert c.fixed_cost() == pytest.approx(0.5)              # at most half the interval
     c.on_submit(t)
@@ -311,7 +315,7 @@ def test_the_fixed_cost_is_bounded_so_one_noisy_fit_cannot_collapse_the_cap():
     assert c.on_submit(t + 2.0) == pytest.approx(40_000 / 0.7 * 0.5)
     # and never more than half the batch's own processing time (0.3 s here), so a fast
     # batch cannot divide by almost nothing
-    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
+    c = AdaptiveRateController(1.0, 2, smooth_batches=1, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
     t = fixed_cost_batches(c, [10_000, 20_000, 30_000], a=0.9, marginal=1_000_000)
     c.on_submit(t)
     run_batch(c, t, 0.3, 100_000)
@@ -321,7 +325,7 @@ def test_the_fixed_cost_is_bounded_so_one_noisy_fit_cannot_collapse_the_cap():
 # -- a batch that took all the source had ----------------------------------------------------------
 
 def test_an_underfilled_batch_that_finished_in_time_never_lowers_the_cap():
-    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
+    c = AdaptiveRateController(1.0, 2, smooth_batches=1, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
     t = fixed_cost_batches(c, [20_000, 40_000, 60_000])
     cap = c.on_submit(t)                       # 50,000 rows/s (case 2: the cap batch 3 ran with)
     run_batch(c, t, 0.45, 5_000)               # the quiet half: 5,000 rows were all there was
@@ -335,12 +339,12 @@ def test_an_underfilled_batch_that_finished_in_time_never_lowers_the_cap():
 
 def test_with_headroom_the_cap_fills_the_target_not_the_interval():
     # 0.4 s per batch plus 100,000 rows/s; the target is 0.9 s: 50,000 rows, not 60,000.
-    c = AdaptiveRateController(1.0, 2, headroom=0.1, initial_rate_per_partition=500, min_rate=10)
+    c = AdaptiveRateController(1.0, 2, smooth_batches=1, headroom=0.1, initial_rate_per_partition=500, min_rate=10)
     t = fixed_cost_batches(c, [10_000, 20_000, 40_000])
     assert c.target == pytest.approx(0.9)
     assert c.on_submit(t) == pytest.approx(50_000)
     # without a fixed cost: 0.9 of the processing rate (formula 5)
-    c = AdaptiveRateController(1.0, 2, headroom=0.1, initial_rate_per_partition=500, min_rate=10)
+    c = AdaptiveRateController(1.0, 2, smooth_batches=1, headroom=0.1, initial_rate_per_partition=500, min_rate=10)
     c.on_submit(0.0)
     run_batch(c, 0.0, 0.5, 1000)
     assert c.on_submit(1.0) == pytest.approx(2000 * 0.9)
@@ -393,7 +397,7 @@ def test_late_start_rate_takes_the_rows_of_the_lost_time_off_the_cap():
 
 
 def test_marginal_rate_is_the_latest_batch_beyond_its_fixed_cost():
-    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
+    c = AdaptiveRateController(1.0, 2, smooth_batches=1, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
     assert c.marginal_rate() is None
     fixed_cost_batches(c, [10_000, 20_000, 40_000])     # 0.4 s + n / 100,000
     assert c.marginal_rate() == pytest.approx(100_000)
@@ -404,7 +408,7 @@ def test_marginal_rate_is_the_latest_batch_beyond_its_fixed_cost():
 
 
 def test_a_batch_cut_for_starting_late_ran_with_the_cut_cap():
-    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
+    c = AdaptiveRateController(1.0, 2, smooth_batches=1, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
     t = fixed_cost_batches(c, [20_000, 40_000, 60_000])
     cap = c.on_submit(t)                                   # 50,000; marginal 100,000
     cut = late_start_rate(cap, c.marginal_rate(), 0.2, 1.0)
@@ -424,7 +428,7 @@ def test_a_batch_cut_for_starting_late_ran_with_the_cut_cap():
 
 def test_when_a_batch_takes_as_long_whatever_its_size_the_cap_stops_falling():
     # a loaded machine: every batch takes 1.3 s, 1,000 rows or 300
-    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
+    c = AdaptiveRateController(1.0, 2, smooth_batches=1, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
     caps = [c.on_submit(0.0)]
     t = 0.0
     for _ in range(6):
@@ -446,3 +450,66 @@ def test_a_fixed_cost_over_the_target_stops_the_cuts_and_a_real_slope_does_not()
     fixed_cost_batches(c, [10_000, 20_000, 30_000], a=0.4, marginal=30_000)       # rows cost time
     assert not c.cuts_are_useless()
     assert c.on_submit(10.0) < 30_000 / 1.0                                       # 1.4 s batches: cut
+
+
+# -- the processing rate read over the last three batches (formula 8's window) ----------------------
+
+def steady_then(c, slow_procs, n=1000):
+    """Two full batches at 1,000 rows/s (case 2 keeps the cap), then batches of ``n`` rows
+    that take ``slow_procs`` seconds; each submitted at its start, none running at the end."""
+    t = 0.0
+    for proc in (1.0, 1.0, *slow_procs):
+        c.on_submit(t)
+        run_batch(c, t, proc, n)
+        t += math.ceil(proc)
+    return t
+
+
+def test_one_slow_batch_moves_the_estimate_by_a_third_of_its_reading():
+    smoothed = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
+    single = AdaptiveRateController(1.0, 2, smooth_batches=1, headroom=0.0, initial_rate_per_partition=500,
+                                    min_rate=10)
+    for c in (smoothed, single):
+        t = steady_then(c, [3.0])            # the third batch reads 333 rows/s
+    # the document's reading: the cap falls to a third in one batch
+    assert single.on_submit(t) == pytest.approx(1000 / 3)
+    # over the window: (1000 + 1000 + 333) / 3 (no wait, so no integral term)
+    assert smoothed.on_submit(t) == pytest.approx((1000 + 1000 + 1000 / 3) / 3)
+    assert smoothed.last_case == 1
+
+
+def test_a_lasting_drop_is_read_whole_after_three_batches():
+    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
+    t = steady_then(c, [3.0, 3.0])
+    assert c.on_submit(t) == pytest.approx((1000 + 1000 / 3 + 1000 / 3) / 3)
+    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
+    t = steady_then(c, [3.0, 3.0, 3.0])
+    assert c.on_submit(t) == pytest.approx(1000 / 3)
+
+
+def test_batches_under_half_the_latest_size_are_left_out_so_slow_start_climbs_as_fast():
+    caps = []
+    for smooth in (3, 1):
+        c = AdaptiveRateController(1.0, 2, smooth_batches=smooth, headroom=0.0, initial_rate_per_partition=500,
+                                   min_rate=10)
+        c.on_submit(0.0)
+        run_batch(c, 0.0, 0.5, 1000)         # 2,000 rows/s while the workers start
+        c.on_submit(1.0)
+        run_batch(c, 1.0, 0.4, 4000)         # 10,000 rows/s; the first batch is under half its size
+        caps.append(c.on_submit(2.0))
+    assert caps[0] == pytest.approx(caps[1]) == pytest.approx(10_000)
+
+
+def test_the_late_start_cut_uses_the_marginal_rate_of_the_window():
+    c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
+    steady_then(c, [2.0])                    # 1,000, 1,000 and 500 rows/s, no fixed cost
+    assert c.marginal_rate() == pytest.approx(2500 / 3)
+    single = AdaptiveRateController(1.0, 2, smooth_batches=1, headroom=0.0, initial_rate_per_partition=500)
+    steady_then(single, [2.0])
+    assert single.marginal_rate() == pytest.approx(500)
+
+
+@pytest.mark.parametrize("smooth", [0, 4])
+def test_smooth_batches_out_of_range_is_refused_naming_the_value(smooth):
+    with pytest.raises(ValueError, match=f"smooth_batches must be 1, 2 or 3 .*got {smooth}"):
+        AdaptiveRateController(1.0, 2, smooth_batches=smooth)

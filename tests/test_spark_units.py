@@ -547,3 +547,23 @@ def test_a_batch_bolt_runs_on_spark_its_emit_many_one_bus_row_per_values():
     assert collector.streams == ["default"] * 3
     with pytest.raises(EmitError, match="2 values and 1 anchor_each"):
         collector.emit_many([("x",), ("y",)], anchor_each=[None])
+
+
+def test_spark_smooth_batches_reaches_doc001_and_defaults_to_three(tmp_path):
+    from runtime.spark import engine
+    from topo.config import resolve
+    from topo.sources import SyntheticSpout
+
+    class Sink(Bolt):
+        outputs: list[str] = []
+
+        def execute(self, tup) -> None:
+            return None
+
+    b = TopologyBuilder("smooth")
+    b.spout("s", SyntheticSpout("constant", rate=10.0, partitions=2, total=10))
+    b.bolt("b", Sink(), 1).shuffle("s")
+    topo = b.build()
+    for layer, want in (({}, 3), ({"spark.smooth_batches": 1}, 1)):
+        _, _, feedback = engine._rate_control(topo, resolve(layer), 1.0, 2, str(tmp_path))
+        assert feedback.sources["s"].controller.smooth_batches == want

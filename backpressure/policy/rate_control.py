@@ -69,8 +69,8 @@ Decisions where the document is silent (each has a test):
   is the slow-start cap.
 
 Changes to the document's rules (issue 18), each with a fake-clock test; with no fixed
-cost per batch, batches that fill their cap and ``headroom = 0``, the controller is the
-document's:
+cost per batch, batches that fill their cap, ``headroom = 0`` and ``smooth_batches = 1``,
+the controller is the document's:
 
 * **The processing rate that fills an interval.** Formula (5), ``elemnumlast / t_proclast``,
   is the rate that fills an interval only when a batch's time is proportional to its
@@ -120,6 +120,22 @@ document's:
   (at least three, sizes at least 1.5x apart, the latest included) show no positive
   slope of time over size, or a fitted fixed cost at or over ``target``, cases 1 and 3
   never lower the cap below the one the latest batch ran with.
+* **The processing rate is read over the last three batches** (``smooth_batches``, 3). The
+  document reads formulas (2), (4) and (5) off the latest batch alone and smooths only in
+  case 2, where formula (8) averages the last three batches' rates. On a shared machine
+  one batch's time varies by a third or more for reasons that do not last (others' load,
+  a GC pause, the batch that straddles a change), and with the fixed cost taken off that
+  variation is amplified: one slow batch cut the next cap to about a third of the last,
+  the small batches that followed read fast and the cap overshot, a sawtooth that costs
+  a fixed cost per batch each time. So formulas (2) and (4) use the mean of formula (8)'s
+  window, the fill rates of the last (up to) three finished batches, and so does the
+  marginal rate the reader cuts a late batch by. A batch under half the latest one's size
+  is left out of the window (mostly fixed cost, it says little of the rate of a batch
+  twice its size, and slow start's growing batches would hold the climb back). In case 3
+  each batch of the window is read as slowed by the same ``Kblock * blockTime``. One slow batch then moves the
+  estimate by a third of its own reading; a lasting change is read whole after three
+  batches, and meanwhile the late-start cut keeps the batches on their boundaries.
+  ``smooth_batches = 1`` is the document's rule.
 * **A batch that took all the source had.** A batch that admitted under 90% of its cap
   and finished within the interval says the source ran dry, not that the cap is too high;
   in case 1 it never lowers the cap (the cap stays where it was for the next burst instead
@@ -159,6 +175,7 @@ FIT_SIZE_SPREAD = 1.5     # the fit needs a batch this many times larger than an
 UNDERFILLED = 0.9         # a batch under this share of its cap took all the source had
 HEADROOM = 0.05           # doc001 aims each batch at this much under the interval
 LATE_FLOOR = 0.5          # a late batch keeps at least this share of its cap
+SMOOTH_BATCHES = 3        # formula (8)'s window: batches the processing rate is read over
 
 
 @dataclass(frozen=True)
@@ -248,12 +265,15 @@ class AdaptiveRateController:
     def __init__(self, t_interval: float, partitions: int, *,
                  initial_rate_per_partition: float = 500.0, min_rate: float = SPARK_MIN_RATE,
                  kp: float = KP, ki: float = KI, kd: float = KD, k_block: float = K_BLOCK,
-                 headroom: float = HEADROOM) -> None:
+                 headroom: float = HEADROOM, smooth_batches: int = SMOOTH_BATCHES) -> None:
         _check_common(t_interval, partitions, min_rate)
         if not 50 < initial_rate_per_partition < 1000:
             raise ValueError("slow start needs 50 < n < 1000 records per partition per second")
         if not 0 <= headroom < 0.5:
             raise ValueError(f"headroom must be in [0, 0.5), got {headroom}")
+        if smooth_batches not in (1, 2, 3):
+            raise ValueError(f"smooth_batches must be 1, 2 or 3 (formula 8's window), got {smooth_batches}")
+        self.smooth_batches = smooth_batches
         self.t_interval = t_interval
         self.target = (1.0 - headroom) * t_interval
         self.partitions = partitions
@@ -300,13 +320,28 @@ class AdaptiveRateController:
                 return cap if late is None else late
         return self.initial_rate
 
+    def _window(self) -> list[BatchInfo]:
+        """The last ``smooth_batches`` finished batches the processing rate is read over,
+        less those under half the latest one's size (mostly fixed cost, they say little of
+        the rate of a batch twice theirs, and slow start's growing batches would hold the
+        climb back)."""
+        window = [b for b, _, _ in list(self._finished)[-self.smooth_batches:]]
+        return [b for b in window if 2 * b.elements >= window[-1].elements] if window else window
+
     def marginal_rate(self) -> float | None:
-        """``n / (t - a')`` of the latest finished batch (``None`` before any)."""
-        if not self._finished:
+        """``n / (t - a')``, the mean over the window (the latest finished batch alone with
+        ``smooth_batches = 1``; ``None`` before any)."""
+        window = self._window()
+        if not window:
             return None
-        last = self._finished[-1][0]
-        a = min(self.fixed_cost(), last.processing_time / 2)
-        return last.elements / (last.processing_time - a)
+        a = self.fixed_cost()
+        return sum(b.elements / (b.processing_time - min(a, b.processing_time / 2)) for b in window) / len(window)
+
+    def rate_estimate(self, extra: float = 0.0) -> float:
+        """The processing rate formulas (2) and (4) use: the mean ``fill_rate`` of the
+        window, each batch's time lengthened by ``extra`` (``Kblock * blockTime`` in case 3)."""
+        window = self._window()
+        return sum(self.fill_rate(b.elements, b.processing_time + extra) for b in window) / len(window)
 
     def _fit(self, points: list[tuple[int, float]]) -> tuple[float, float] | None:
         """``(slope, intercept)`` of ``t_proc = a + n / c`` by least squares; ``None`` with
@@ -358,12 +393,12 @@ class AdaptiveRateController:
         return max(self.t_interval - (submit_time - t_batchst), self.brelx)
 
     def pid(self, block_time: float) -> float:
-        """Formulas (1), (2), (4)-(7) on the latest finished batch."""
+        """Formulas (1), (2), (4)-(7) on the latest finished batch, its processing rate
+        read over the window (``rate_estimate``)."""
         last, latest_rate, _ = self._finished[-1]
-        slowed = last.processing_time + self.k_block * block_time
-        error = latest_rate - self.fill_rate(last.elements, slowed)
+        error = latest_rate - self.rate_estimate(self.k_block * block_time)
         historical_error = ((last.waiting_time + self.k_block * block_time)
-                            * self.fill_rate(last.elements, last.processing_time) / self.t_interval)
+                            * self.rate_estimate() / self.t_interval)
         d_error = 0.0
         if len(self._finished) >= 2:
             prev, _, latest_error = self._finished[-2]
@@ -500,11 +535,12 @@ CONTROLLERS = ("doc001", "pid", "fixed", "none")
 
 def make_controller(kind: str, t_interval: float, partitions: int, *,
                     initial_rate_per_partition: float = 500.0, min_rate: float = SPARK_MIN_RATE,
-                    fixed_rate_per_partition: float | None = None) -> RateController:
+                    fixed_rate_per_partition: float | None = None,
+                    smooth_batches: int = SMOOTH_BATCHES) -> RateController:
     """The controller named by ``spark.rate_control``."""
     if kind == "doc001":
         return AdaptiveRateController(t_interval, partitions, initial_rate_per_partition=initial_rate_per_partition,
-                                      min_rate=min_rate)
+                                      min_rate=min_rate, smooth_batches=smooth_batches)
     if kind == "pid":
         return DStreamPIDController(t_interval, partitions, initial_rate_per_partition=initial_rate_per_partition,
                                     min_rate=min_rate)
