@@ -9,8 +9,11 @@ code needs no ``await`` and memory stays bounded by what one call emits.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence as _SequenceABC
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, Sequence
+from itertools import repeat
+from operator import itemgetter
+from typing import Any, Iterator, Mapping, Protocol, Sequence, overload
 
 import msgpack
 
@@ -187,6 +190,87 @@ class WireTuple(tuple, Tuple):  # type: ignore[misc]
 
     def __reduce__(self) -> Any:
         return (WireTuple, (tuple(tuple.__iter__(self)),))
+
+
+# One run of a ``TupleBatch``: tuples that share everything but their values, as
+# ``[values_list, origin, anchors, born, ackcell, at]`` (``at``: where the run stands among
+# the single tuples of the lane it was emitted into; the batch itself ignores it).
+Run = list
+
+
+class TupleBatch(_SequenceABC):  # type: ignore[type-arg]
+    """A transfer batch kept as columns: runs of values that share origin, anchors, born
+    and ack cell (what one ``emit_many`` into one target makes), not one object per tuple.
+
+    A whole-batch bolt (``Bolt.execute_batch``) may read it by column (``column``,
+    ``values``) and never pay for tuple objects; read as a sequence of tuples it makes
+    them once, by C-level maps, and keeps them (the same objects on every pass, since
+    acking and failing go by identity).
+    """
+
+    __slots__ = ("runs", "_n", "_tuples")
+
+    def __init__(self, runs: list[Run], n: int) -> None:
+        self.runs = runs
+        self._n = n              # the runs' values, all told
+        self._tuples: list[Tuple] | None = None
+
+    def __len__(self) -> int:
+        return self._n
+
+    def tuples(self) -> list[Tuple]:
+        """The batch as tuple objects, made on the first call."""
+        out = self._tuples
+        if out is None:
+            out = []
+            for r in self.runs:
+                out += map(WireTuple, zip(r[0], repeat(r[1]), repeat(r[2]), repeat(r[3]), repeat(r[4])))
+            self._tuples = out
+        return out
+
+    def __iter__(self) -> Iterator[Tuple]:
+        return iter(self.tuples())
+
+    @overload
+    def __getitem__(self, i: int) -> Tuple: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Tuple]: ...
+
+    def __getitem__(self, i: int | slice) -> Tuple | list[Tuple]:
+        return self.tuples()[i]
+
+    def values(self) -> list[Sequence[Any]]:
+        """Every tuple's values, in order (a new list)."""
+        runs = self.runs
+        if len(runs) == 1:
+            return list(runs[0][0])
+        out: list[Sequence[Any]] = []
+        for r in runs:
+            out += r[0]
+        return out
+
+    def column(self, name: str) -> list[Any]:
+        """The value of field ``name`` of every tuple, in order."""
+        out: list[Any] = []
+        for r in self.runs:
+            index = r[1].fields.index.get(name)
+            if index is None:
+                raise KeyError(f"field {name!r} is not among {list(r[1].fields.names)} of stream {r[1].stream!r}")
+            out += map(itemgetter(index), r[0])
+        return out
+
+    def __repr__(self) -> str:
+        return f"TupleBatch({self._n} tuples in {len(self.runs)} runs)"
+
+
+def column(tuples: Sequence[Tuple], name: str) -> list[Any]:
+    """Field ``name`` of every tuple of a batch (what ``Bolt.execute_batch`` is given), in
+    order: read straight from the columns of an engine's ``TupleBatch``, tuple by tuple from
+    any other sequence of tuples (a harness's list)."""
+    if type(tuples) is TupleBatch:
+        return tuples.column(name)
+    return [t[name] for t in tuples]
 
 
 @dataclass(frozen=True, slots=True)

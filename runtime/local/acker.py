@@ -28,7 +28,7 @@ from __future__ import annotations
 from operator import attrgetter
 from typing import Callable, Sequence
 
-from topo.api import Tuple
+from topo.api import Tuple, TupleBatch
 
 # The owner of a root: told (root, ok, reason) once its tree completes or fails.
 Outcome = Callable[[int, bool, str], None]
@@ -118,6 +118,8 @@ class Acker:
         costs one C-level identity scan and one ledger update."""
         if not tuples:
             return
+        if type(tuples) is TupleBatch:
+            return self._ack_runs(tuples)
         first = tuples[0].ackcell
         if first is not None and len(first) == 2:
             cells = list(map(_cell, tuples))
@@ -132,6 +134,22 @@ class Acker:
             anchors = tup.anchors
             if anchors:
                 ack_tuple(anchors, tup.ackcell)
+
+    def _ack_runs(self, batch: TupleBatch) -> None:
+        """``ack_batch`` of a batch kept as runs: a run's tuples share one ack group (or are
+        untracked), so each run is one count and at most one ledger update."""
+        for run in batch.runs:
+            anchors, cell = run[2], run[4]
+            if not anchors:
+                continue
+            if len(cell) == 2:
+                left = cell[1] - len(run[0])
+                cell[1] = left
+                if not left:
+                    self.ack(anchors, cell[0])
+            else:                    # (a cell of one tuple's own edge: each tuple acked alone)
+                for tup in TupleBatch([run], len(run[0])):
+                    self.ack_tuple(anchors, tup.ackcell)
 
     def apply(self, root: int, xor: int) -> None:
         """An ack of a tuple of this worker's root, made in another worker."""

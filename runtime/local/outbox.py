@@ -26,8 +26,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import msgpack
 
-from topo.api import (EmitError, FieldIndex, Origin, Tuple, WireTuple, arity_error, encoding_error,
-                      unknown_stream_error)
+from topo.api import (EmitError, FieldIndex, Origin, Run, Tuple, TupleBatch, WireTuple, arity_error,
+                      encoding_error, unknown_stream_error)
 from topo.groupings import Router
 from runtime.local.acker import AckGroup, new_group
 from runtime.local.queue import ByteQueue
@@ -44,11 +44,18 @@ class StreamRoutes:
 class Lane:
     """The pending batch for one target task."""
 
-    __slots__ = ("target", "batch", "group", "group_parent", "group_anchors", "nbytes", "nsized", "sized_at_emit")
+    __slots__ = ("target", "batch", "runs", "run_count", "group", "group_parent", "group_anchors", "nbytes",
+                 "nsized", "sized_at_emit")
 
     def __init__(self, target: int) -> None:
         self.target = target
         self.batch: list[Tuple] = []
+        # Whole ``emit_many``s kept as columns (``topo.api.Run``), each placed among the single
+        # tuples of ``batch`` by its ``at``; they travel as one ``TupleBatch`` when ``batch``
+        # is empty at the flush. Only lanes no router can retarget get runs (autoscaling and
+        # send windows read ``batch``), so everything outside the outbox sees tuples.
+        self.runs: list[Run] = []
+        self.run_count = 0
         # Wire bytes of the batch's tuples already sized when emitted (a whole ``emit_many``
         # into this one lane), and how many they are: all of them spares the flush a pass.
         self.nbytes = 0
@@ -80,6 +87,41 @@ class Lane:
         except (TypeError, ValueError, OverflowError):
             return
         self.nsized += len(values_list)
+
+    def add_run(self, values: list[Sequence[Any]], origin: Origin, anchors: dict[int, int] | None, born: float,
+                cell: AckGroup | None) -> None:
+        """Keep ``values`` (a list the lane now owns) as one run; it extends the last run
+        when nothing else came between them and they share everything but their values."""
+        runs = self.runs
+        at = len(self.batch)
+        self.run_count += len(values)
+        if runs:
+            last = runs[-1]
+            if last[5] == at and last[1] is origin and last[2] is anchors and last[4] is cell and last[3] == born:
+                last[0] += values
+                return
+        runs.append([values, origin, anchors, born, cell, at])
+
+    def take(self) -> list[Tuple] | TupleBatch:
+        """Everything pending in this lane, in emission order, and the lane emptied: a
+        ``TupleBatch`` when it holds only runs, else a list of tuples."""
+        batch, runs = self.batch, self.runs
+        self.batch = []
+        if not runs:
+            return batch
+        n = len(batch) + self.run_count
+        self.runs = []
+        self.run_count = 0
+        if not batch:
+            return TupleBatch(runs, n)
+        out: list[Tuple] = []
+        done = 0
+        for values, origin, anchors, born, cell, at in runs:
+            out += batch[done:at]
+            done = at
+            out += map(WireTuple, zip(values, repeat(origin), repeat(anchors), repeat(born), repeat(cell)))
+        out += batch[done:]
+        return out
 
     def join(self, parent: list[int], roots: Iterable[int], getrandbits: Callable[[int], int]) -> AckGroup:
         """The group a tuple of this lane under ``parent`` joins (a new one after a flush or
@@ -344,11 +386,18 @@ class Outbox:
         outbox = self
         consume = deque(maxlen=0).extend    # runs an iterator to its end, keeping nothing
         pack = self._pack
+        columns = routes.routers[0].retarget is None
 
         def emit_many_routed(values_list: Sequence[Sequence[Any]], born: float) -> None:
             check(values_list)
             if len(lanes) == 1:     # maps over zips: no Python loop per tuple
                 parts: Iterable[tuple[Lane, Sequence[Sequence[Any]]]] = ((lanes[0], values_list),)
+                if columns:         # one run: the caller keeps its list, the lane a copy
+                    lane = lanes[0]
+                    lane.add_sized(values_list, pack)
+                    lane.add_run(list(values_list), origin, None, born, None)
+                    outbox.pending_count += len(values_list)
+                    return
             elif len(lanes) <= _PARTITION_LANES:   # each lane's share picked out by C-level maps
                 parts = _partition(lanes, values_list, select_many(values_list))
             else:                   # each tuple appended to its lane's batch, by C-level maps too
@@ -358,7 +407,10 @@ class Outbox:
                 parts = ()
             for lane, part in parts:
                 lane.add_sized(part, pack)
-                lane.batch += map(WireTuple, zip(part, repeat(origin), repeat(None), repeat(born), repeat(None)))
+                if columns:         # (a part is a new list)
+                    lane.add_run(part, origin, None, born, None)    # type: ignore[arg-type]
+                else:
+                    lane.batch += map(WireTuple, zip(part, repeat(origin), repeat(None), repeat(born), repeat(None)))
             outbox.pending_count += len(values_list)
 
         return emit_many_routed
@@ -487,6 +539,7 @@ class Outbox:
         outbox = self
         roots_list = list   # (roots may be an iterator: read once)
         pack = self._pack
+        columns = routes.routers[0].retarget is None
 
         def emit_many_grouped(values_list: Sequence[Sequence[Any]], parent: list, roots: Iterable[int],
                               born: float, getrandbits: Callable[[int], int]) -> None:
@@ -495,14 +548,17 @@ class Outbox:
                 return
             check(values_list)
             roots = roots_list(roots)
-            parts = (((lanes[0], values_list),) if len(lanes) == 1
+            parts = (((lanes[0], list(values_list)),) if len(lanes) == 1     # (a part: a new list)
                      else _partition(lanes, values_list, select_many(values_list)))
             for lane, part in parts:      # one group per lane reached
                 lane.add_sized(part, pack)
                 g = lane.join(parent, roots, getrandbits)
                 g[1] += len(part) - 1
-                lane.batch += map(WireTuple, zip(part, repeat(origin), repeat(lane.group_anchors),
-                                                 repeat(born), repeat(g)))
+                if columns:
+                    lane.add_run(part, origin, lane.group_anchors, born, g)   # type: ignore[arg-type]
+                else:
+                    lane.batch += map(WireTuple, zip(part, repeat(origin), repeat(lane.group_anchors),
+                                                     repeat(born), repeat(g)))
             outbox.pending_count += n
 
         return emit_many_grouped
@@ -512,7 +568,7 @@ class Outbox:
         n = self.pending_count
         return n >= self.batch_size or (n > 0 and time.monotonic() - self.last_flush_at >= self.flush_interval_s)
 
-    def batch_bytes(self, batch: list[Tuple]) -> int:
+    def batch_bytes(self, batch: list[Tuple] | TupleBatch) -> int:
         """Wire size of a batch: the sum of its tuples' msgpack lengths, exactly.
 
         One ``pack`` of the list of value lists, less the array header msgpack puts
@@ -520,7 +576,7 @@ class Outbox:
         less than packing each tuple. When a value cannot be encoded the tuples are
         sized one by one so the error names the culprit's component and field.
         """
-        values = [t.values for t in batch]
+        values = batch.values() if type(batch) is TupleBatch else [t.values for t in batch]
         try:
             return len(self._pack(values)) - array_header_len(len(values))
         except (TypeError, ValueError, OverflowError):
@@ -562,14 +618,19 @@ class Outbox:
         """Every lane's batch is taken before the first wait, so what is emitted meanwhile
         (a spout's async call during a background flush) waits for the next flush, and
         every ack group is complete before its first tuple leaves."""
-        admitted = self.gate(self) if self.gate is not None else None
+        admitted = None
+        if self.gate is not None:
+            for lane in self.lanes.values():     # the gate reads (and moves) single tuples
+                if lane.runs:
+                    lane.batch = list(lane.take())
+            admitted = self.gate(self)
         self.pending_count = 0
-        sends: list[tuple[int, list[Tuple], int | None]] = []
+        sends: list[tuple[int, list[Tuple] | TupleBatch, int | None]] = []
         for lane in list(self.lanes.values()):
             lane.group = lane.group_parent = lane.group_anchors = None
-            batch = lane.batch
-            sized = lane.nbytes if lane.nsized == len(batch) else None
+            sized = lane.nbytes if lane.nsized == len(lane.batch) + lane.run_count else None
             lane.nbytes = lane.nsized = 0
+            batch = lane.take()
             if batch:
                 if admitted is not None and admitted.get(lane.target, len(batch)) < len(batch):
                     k = admitted[lane.target]
@@ -579,8 +640,6 @@ class Outbox:
                     sized = None
                     if not batch:
                         continue
-                else:
-                    lane.batch = []
                 sends.append((lane.target, batch, sized))
         waited = 0
         queues = self.queues

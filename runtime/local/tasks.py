@@ -28,7 +28,7 @@ from itertools import islice
 from typing import Any, Callable, Iterable, Sequence
 
 from backpressure.seams import Direction, FlowDisplay
-from topo.api import Bolt, ComponentError, EmitError, EndOfStream, Spout, TaskContext, Tuple
+from topo.api import Bolt, ComponentError, EmitError, EndOfStream, Spout, TaskContext, Tuple, TupleBatch
 from runtime.local.acker import Acker
 from runtime.local.blocking import BlockingRunner
 from runtime.local.collectors import BoltCollector, Pending, SpoutBatch, SpoutCollector
@@ -646,7 +646,7 @@ class BoltTask(_TaskBase):
                 acker.ack_batch(batch)
             self.stats.acked += len(batch) - len(failed)
 
-    async def _execute_whole(self, batch: list[Tuple]) -> None:
+    async def _execute_whole(self, batch: list[Tuple] | TupleBatch) -> None:
         """A bolt with ``execute_batch``: one call for the whole batch, which is acked
         (``auto_ack``) or failed as a whole; the execute latency observed is the call's
         time per tuple."""
@@ -686,6 +686,7 @@ class BoltTask(_TaskBase):
         self._loop = asyncio.get_running_loop()
         self._loop_ident = threading.get_ident()
         run_batch = self._batch_runner()
+        whole = type(bolt).batched()     # takes a ``TupleBatch`` as it is; the others get tuples
         flow_poll = self.flow_poll
         while True:
             item = queue.get_nowait()
@@ -708,6 +709,8 @@ class BoltTask(_TaskBase):
                     self.failures.record("tick raised" if batch is TICK_MARKER else "end_of_input raised", exc)
                 await self._send(collector.emitted - before)
                 continue
+            if not whole and type(batch) is TupleBatch:
+                batch = batch.tuples()
             await run_batch(batch)
             stats.executed += len(batch)
             await self._send(collector.emitted - before)

@@ -11,10 +11,12 @@ import argparse
 import random
 import re
 from collections import Counter
+from itertools import repeat
+from operator import mod
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from topo.api import Bolt, EndOfStream, Spout, SpoutOutputCollector, TaskContext, Tuple
+from topo.api import Bolt, EndOfStream, Spout, SpoutOutputCollector, TaskContext, Tuple, column
 from topo.sources.base import OffsetSource, check_range
 from topo.sources.spouts import OffsetSpout
 
@@ -124,8 +126,9 @@ class SentenceSpout(OffsetSpout):
             return
         end = min(self._end, offset + self.batch)
         ids = range(offset * p + k, end * p + k, p)
-        sentence = self._source.sentence
-        self.collector.emit_many([[sentence(i)] for i in ids], msg_ids=ids)
+        sentences = self._source.sentences       # sentence i is sentences[i % n] (C-level maps)
+        picked = map(sentences.__getitem__, map(mod, ids, repeat(len(sentences))))
+        self.collector.emit_many(list(zip(picked)), msg_ids=ids)     # [(sentence,), ...]
         self.seq = end
 
     def snapshot_state(self) -> dict[str, int]:
@@ -151,8 +154,8 @@ class BatchSplitBolt(SplitBolt):
         findall = _WORD.findall
         words: list[str] = []
         parents: list[Tuple] = []
-        for tup in tuples:
-            ws = findall(tup.values[0].lower())
+        for tup, sentence in zip(tuples, column(tuples, "sentence")):
+            ws = findall(sentence.lower())
             words += ws
             parents += [tup] * len(ws)
         self.collector.emit_many(list(zip(words)), anchor_each=parents)   # [(word,), ...]
@@ -202,10 +205,11 @@ class FinalCountBolt(Bolt):
 
 
 class BatchFinalCountBolt(FinalCountBolt):
-    """``FinalCountBolt`` a batch at a time: one ``Counter.update`` per batch."""
+    """``FinalCountBolt`` a batch at a time: one ``Counter.update`` per batch, of the batch's
+    ``word`` column (no tuple objects made)."""
 
     def execute_batch(self, tuples: Sequence[Tuple]) -> None:
-        self.counts.update([t.values[0] for t in tuples])
+        self.counts.update(column(tuples, "word"))
 
 
 def expected_counts(sentences: Sequence[str] = DEFAULT_SENTENCES, repeat: int = 1000) -> Counter[str]:

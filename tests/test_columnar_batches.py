@@ -1,0 +1,162 @@
+"""A whole ``emit_many`` into one lane crosses its queue as columns (``topo.api.TupleBatch``):
+emission order, the byte bound's exact wire size, acking and fields routing are those of a
+batch of tuple objects, and a batch bolt can read it by column without making any."""
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any, Sequence
+
+import msgpack
+import pytest
+
+from topo.api import Bolt, FieldIndex, Origin, Tuple, TupleBatch, column
+from topo.examples.wordcount import BatchFinalCountBolt, BatchSplitBolt, SentenceSpout, expected_counts
+from topo.groupings import Router
+from topo.topology import TopologyBuilder
+from runtime.local.acker import Acker, new_group
+from runtime.local.engine import run
+from runtime.local.outbox import Outbox, StreamRoutes
+from runtime.local.queue import ByteQueue
+
+FIELDS = FieldIndex.of(["word"])
+TARGET = 7
+
+
+def _outbox(*, scalable: bool = False) -> tuple[Outbox, ByteQueue]:
+    router = Router([TARGET], lambda values: 0,
+                    retarget=(lambda new, owners=None: None) if scalable else None)
+    queue = ByteQueue(1 << 20)
+    return Outbox("split", 3, {"default": StreamRoutes(FIELDS, [router])}, {TARGET: queue}, 10_000, 0.001), queue
+
+
+def _sent(outbox: Outbox, queue: ByteQueue) -> tuple[Any, int]:
+    asyncio.run(outbox.flush())
+    item = queue.get_nowait()
+    assert item is not None and queue.get_nowait() is None
+    return item
+
+
+def _wire_size(values_list: Sequence[Sequence[Any]]) -> int:
+    return sum(len(msgpack.packb(list(v))) for v in values_list)
+
+
+def test_a_lane_of_emit_many_only_travels_as_one_tuple_batch_of_the_exact_wire_size() -> None:
+    outbox, queue = _outbox()
+    first = [[f"w{i}" * (i % 40)] for i in range(300)]      # sizes across msgpack's str headers
+    second = [["x"], ["y" * 300]]
+    outbox.untracked_many["default"](first, 0.0)
+    outbox.untracked_many["default"](second, 0.0)
+    batch, nbytes = _sent(outbox, queue)
+    assert type(batch) is TupleBatch and len(batch) == 302
+    assert len(batch.runs) == 1                              # two emits sharing everything: one run
+    assert nbytes == _wire_size(first + second) == outbox.batch_bytes(list(batch))
+    assert batch.column("word") == [v[0] for v in first + second]
+    assert batch.values() == first + second
+
+
+def test_single_emits_and_emit_many_into_one_lane_keep_their_order() -> None:
+    outbox, queue = _outbox()
+    emit, many = outbox.untracked["default"], outbox.untracked_many["default"]
+    emit(["a"], 0.0)
+    many([["b"], ["c"]], 0.0)
+    emit(["d"], 0.0)
+    emit(["e"], 0.0)
+    many([["f"]], 0.0)
+    many([["g"], ["h"]], 0.0)
+    emit(["i"], 0.0)
+    batch, nbytes = _sent(outbox, queue)
+    assert type(batch) is list
+    assert [t.values[0] for t in batch] == list("abcdefghi")
+    assert nbytes == _wire_size([[c] for c in "abcdefghi"])
+    assert outbox.pending_count == 0 and not outbox.lanes[TARGET].runs
+
+
+def test_the_lane_keeps_a_copy_of_the_list_emitted() -> None:
+    outbox, queue = _outbox()
+    buffer = [["a"], ["b"]]
+    outbox.untracked_many["default"](buffer, 0.0)
+    buffer.clear()                                           # a caller reusing its buffer
+    buffer.append(["z"])
+    batch, _ = _sent(outbox, queue)
+    assert batch.column("word") == ["a", "b"]
+
+
+def test_a_lane_a_router_can_retarget_gets_tuple_objects() -> None:
+    """Autoscaling reads and reroutes lanes' single tuples: its lanes never hold runs."""
+    outbox, queue = _outbox(scalable=True)
+    outbox.untracked_many["default"]([["a"], ["b"]], 0.0)
+    assert outbox.lanes[TARGET].runs == [] and len(outbox.lanes[TARGET].batch) == 2
+    batch, _ = _sent(outbox, queue)
+    assert type(batch) is list and [t.values[0] for t in batch] == ["a", "b"]
+
+
+def test_a_tuple_batch_read_as_tuples_makes_each_once() -> None:
+    origin = Origin(FIELDS, "default", "split", 3)
+    other = Origin(FieldIndex.of(["n", "word"]), "other", "split", 3)
+    batch = TupleBatch([[[["a"], ["b"]], origin, None, 0.0, None, 0], [[[1, "c"]], other, None, 0.0, None, 0]], 3)
+    tuples = list(batch)
+    assert [id(t) for t in batch] == [id(t) for t in tuples] and batch[2] is tuples[2]
+    assert [t.stream for t in tuples] == ["default", "default", "other"]
+    assert batch.column("word") == ["a", "b", "c"]           # each run by its own stream's fields
+    with pytest.raises(KeyError, match="'n'"):
+        batch.column("n")
+    assert column(tuples, "word") == ["a", "b", "c"]         # any sequence of tuples, one by one
+
+
+def test_acking_a_tuple_batch_counts_each_run_against_its_group() -> None:
+    outcomes: list[tuple[int, bool]] = []
+    acker = Acker(30.0)
+    edge = 0x1234
+    acker.open(99, edge, lambda root, ok, reason: outcomes.append((root, ok)), 0.0)
+    origin = Origin(FIELDS, "default", "split", 3)
+    group = new_group()
+    group[1] = 5                                             # five tuples in the group, in two batches
+    anchors = {99: edge}
+    acker.ack_batch(TupleBatch([[[["a"], ["b"], ["c"]], origin, anchors, 0.0, group, 0]], 3))
+    assert group[1] == 2 and outcomes == [] and acker.ledger[99][0] == edge
+    acker.ack_batch(TupleBatch([[[["d"], ["e"]], origin, anchors, 0.0, group, 0],
+                                [[["u"]], origin, None, 0.0, None, 0]], 3))    # (an untracked run)
+    assert outcomes == [(99, True)] and 99 not in acker.ledger
+
+
+class _Column(Bolt):
+    """Records what type of batch it was given and the words, read by column."""
+
+    def __init__(self, kinds: Counter[str], words: Counter[str]) -> None:
+        self.kinds, self.words = kinds, words
+
+    def execute_batch(self, tuples: Sequence[Tuple]) -> None:
+        self.kinds[type(tuples).__name__] += 1
+        self.words.update(column(tuples, "word"))
+
+    def __deepcopy__(self, memo: dict) -> "_Column":
+        return _Column(self.kinds, self.words)
+
+
+@pytest.mark.parametrize("acking, granularity", [(False, "tuple"), (True, "tuple"), (True, "batch")])
+def test_a_batch_bolt_reads_columns_and_every_word_is_counted_once(acking: bool, granularity: str) -> None:
+    kinds: Counter[str] = Counter()
+    words: Counter[str] = Counter()
+    b = TopologyBuilder("wc-columns", {"acking": acking, "acking.granularity": granularity,
+                                       "backpressure.policy": "none"})
+    b.spout("sentences", SentenceSpout(repeat=200, batch=100), 2)
+    b.bolt("split", BatchSplitBolt(), 2).shuffle("sentences")
+    b.bolt("count", _Column(kinds, words), 3).fields("split", "word")
+    res = run(b.build())
+    assert words == expected_counts(repeat=200)
+    if granularity == "tuple" and acking:
+        assert kinds == Counter({"list": kinds["list"]})     # an edge per tuple: tuple objects
+    else:
+        assert kinds["TupleBatch"] > 0
+    if acking:
+        assert res.component_totals()["sentences"]["acked"] == 1000
+
+
+def test_the_example_batch_count_gives_the_same_counts_from_columns_and_from_tuples() -> None:
+    a, b = BatchFinalCountBolt(), BatchFinalCountBolt()
+    origin = Origin(FIELDS, "default", "split", 3)
+    values = [["the"], ["cow"], ["the"]]
+    a.execute_batch(TupleBatch([[values, origin, None, 0.0, None, 0]], 3))
+    b.execute_batch(list(TupleBatch([[values, origin, None, 0.0, None, 0]], 3)))
+    assert a.counts == b.counts == Counter({"the": 2, "cow": 1})
