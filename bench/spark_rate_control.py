@@ -19,9 +19,17 @@ Setup, as in the document (figures 9 and 10), scaled to the machine:
 Two scenarios, run in the same process with every controller interleaved:
 
 * ``steady``: the bursty source above;
-* ``capacity_drop``: the same source, but the per-row work doubles halfway through
-  the source's bursts (``--drop-factor``), so the capacity halves under a running query and the
-  ``fixed`` cap, set from the capacity measured before, is twice too high.
+* ``capacity_drop``: the same source, but the per-row time doubles halfway through
+  the source's bursts, so the capacity halves under a running query and the ``fixed``
+  cap, set from the capacity measured before, is twice too high. Doubling the hash
+  rounds does not double a row's time (the hash is part of it; Spark's conversions and
+  the Python workers' the rest: full batches were 1-47% slower), so each round measures
+  the marginal per-row time with eight times the rounds too (twice the rounds changed it
+  by less than the noise between two runs) and multiplies the rounds by the factor that
+  doubles it (``drop_factor_for``; ``--drop-factor`` fixes it instead).
+  Every run of the round gets the same factor at the same point of its source, and each
+  run's ``capacity_ratio`` (marginal per-row time before the drop over after, with the
+  round's fixed cost taken off every batch; 0.5 = halved) checks it per controller.
 
 The document's source is sized against its cluster (the burst exceeds the average
 processing rate, the average does not); here ``calibrate`` measures the rate this
@@ -134,6 +142,30 @@ def fit_overhead(batches: Sequence[Any]) -> tuple[float, float]:
 
 
 CALIBRATION_SIZES = (8_000, 40_000)   # rows per batch of the two calibration runs
+DROP_PROBE = 8                        # the drop calibration runs this many times the hash rounds
+DROP_FACTOR_RANGE = (2, 12)           # the factor it may choose
+
+
+def marginal_row_time(batches: Sequence[Any], fixed_cost: float, min_share: float = 0.25) -> float | None:
+    """Seconds of processing per row beyond the fixed cost, rows-weighted over the batches
+    of at least ``min_share`` of the largest one's rows (in a small batch an error in the
+    fixed cost outweighs the rows); ``None`` without any."""
+    largest = max((b.rows for b in batches), default=0)
+    full = [b for b in batches if b.rows > 0 and b.rows >= min_share * largest]
+    rows = sum(b.rows for b in full)
+    return sum(b.processing_time - fixed_cost for b in full) / rows if rows else None
+
+
+def drop_factor_for(base: float, probed: float | None, probe: int = DROP_PROBE,
+                    bounds: tuple[int, int] = DROP_FACTOR_RANGE) -> int:
+    """The hash-round factor that doubles the marginal per-row time ``base`` (s/row), from
+    ``probed``, the time with ``probe`` times the rounds: a row costs ``o + f * h`` (``h``
+    the hash at one round), so ``f = 1 + base / h`` with ``h = (probed - base) / (probe - 1)``.
+    No measurable hash (``h <= 0``, noise) gives the upper bound."""
+    h = (probed - base) / (probe - 1) if probed is not None else 0.0
+    if h <= 0:
+        return bounds[1]
+    return int(min(max(round(1 + base / h), bounds[0]), bounds[1]))
 
 
 def calibrate(spark: Any, rounds: int, partitions: int, interval_ms: float, seconds: float = 20.0,
@@ -174,6 +206,23 @@ def calibrate(spark: Any, rounds: int, partitions: int, interval_ms: float, seco
                        "machine is too loaded for this bench (see the load average)")
 
 
+def calibrate_drop(spark: Any, rounds: int, partitions: int, interval_ms: float, fixed_cost: float,
+                   marginal: float, seconds: float = 12.0, size: int = CALIBRATION_SIZES[-1]) -> tuple[int, float | None]:
+    """The drop factor for this round (``drop_factor_for``) from one run of ``size``-row
+    batches at ``DROP_PROBE`` times the rounds: ``(factor, probed s/row)``."""
+    from runtime.spark import engine
+
+    interval_s = interval_ms / 1000.0
+    topo = topology(0, rounds * DROP_PROBE, partitions, profile="constant", rate=1e7)
+    cfg = base_config(interval_ms) | {"spark.rate_control": "fixed",
+                                      "spark.max_rate_per_partition": size / interval_s / partitions}
+    probed = marginal_row_time(engine.run(topo, cfg, spark=spark, duration=seconds).batches[1:], fixed_cost)
+    factor = drop_factor_for(1.0 / marginal, probed)
+    print(f"drop calibration: {1e6 / marginal:.1f} us/row, {'-' if probed is None else f'{1e6 * probed:.1f}'} "
+          f"us/row at {DROP_PROBE}x the rounds: the drop multiplies them by {factor}", flush=True)
+    return factor, probed
+
+
 def warm_up(spark: Any, rounds: int, partitions: int, interval_ms: float, seconds: float = 15.0) -> None:
     """One throw-away run: Spark's Python workers and the source runner start here."""
     from runtime.spark import engine
@@ -184,13 +233,16 @@ def warm_up(spark: Any, rounds: int, partitions: int, interval_ms: float, second
 
 def run_controller(spark: Any, name: str, scenario: str, per_period: int, rounds: int, partitions: int,
                    periods: int, drain_cap: float, capacity: float, interval_ms: float, warmup: float,
-                   drop_factor: int) -> dict[str, Any]:
+                   drop_factor: int, fixed_cost: float = 0.0) -> dict[str, Any]:
     """One run over the same work for every controller: the source offers ``periods``
     bursts (``periods * per_period`` rows, the last burst ending at ``10 * periods - 5`` s)
     and the run lasts until every row is processed, or ``drain_cap`` seconds after the
     source's end. Throughput is the rows processed over the run's time, so a controller
     that leaves a backlog pays for it in time instead of the backlog being dropped
-    uncounted at a fixed end. Delay figures are over the batches after ``warmup`` s."""
+    uncounted at a fixed end. Delay figures are over the batches after ``warmup`` s.
+    ``capacity_drop`` runs also get ``capacity_ratio``: the marginal per-row time (less
+    ``fixed_cost``) of the batches after the warm-up that ended before the drop over that
+    of the batches that started after it (0.5: the capacity halved)."""
     from runtime.spark import engine
 
     cfg = base_config(interval_ms) | {"spark.rate_control": name}
@@ -212,8 +264,11 @@ def run_controller(spark: Any, name: str, scenario: str, per_period: int, rounds
     if scenario == "capacity_drop":
         after = [b for b in kept if b.start >= drop_at]
         last_end = max((b.end for b in result.batches), default=drop_at)
+        before = marginal_row_time([b for b in kept if b.end < drop_at], fixed_cost)
+        later = marginal_row_time(after, fixed_cost)
         run |= {"drop_at_s": drop_at - first, "after_drop": after,
-                "after_drop_window_s": max(last_end - drop_at, 1e-9)}
+                "after_drop_window_s": max(last_end - drop_at, 1e-9), "drop_factor": drop_factor,
+                "capacity_ratio": before / later if before and later and before > 0 and later > 0 else None}
     return run
 
 
@@ -264,12 +319,26 @@ def aggregate(runs: list[dict[str, Any]], part: str = "kept", window: str = "win
         1 for r in runs for b in r[part] if b.scheduling_delay + b.processing_time > r.get("interval_s", 1.0))
     per_run = [summarize(r[part], r[window])["scheduling_delay_mean_ms"] for r in runs]
     out["per_run_scheduling_delay_mean_ms"] = per_run
+    # Where a run's mean comes from: the share of its delay in its three most delayed batches.
+    out["per_run_top3_delay_share"] = [top_share(r[part]) for r in runs]
+    ratios = [r["capacity_ratio"] for r in runs if r.get("capacity_ratio") is not None]
+    if part == "kept" and ratios:
+        out["capacity_ratio_per_run"] = ratios
+        out["capacity_ratio_mean"] = statistics.fmean(ratios)
     out["repeats"] = len(runs)
     # The mean of the run means (each run weighs the same), and its 95% half-width.
     out["scheduling_delay_mean_over_batches_ms"] = out["scheduling_delay_mean_ms"]
     out["scheduling_delay_mean_ms"] = statistics.fmean(per_run) if per_run else 0.0
     out["scheduling_delay_ci95_ms"] = ci95(per_run) if len(per_run) >= 2 else None
     return out
+
+
+def top_share(batches: Sequence[Any], k: int = 3) -> float | None:
+    """The share of the batches' summed scheduling delay in their ``k`` largest; ``None``
+    with no delay at all."""
+    delays = sorted((b.scheduling_delay for b in batches), reverse=True)
+    total = sum(delays)
+    return sum(delays[:k]) / total if total > 0 else None
 
 
 def unsettled(summaries: dict[str, dict[str, dict[str, Any]]], target: float) -> list[str]:
@@ -297,8 +366,12 @@ def goals(scenarios: dict[str, dict[str, Any]]) -> dict[str, Any]:
     def goal(a: Sequence[float], b: Sequence[float], met: Callable[[float], bool], ra: float, rb: float) -> dict[str, Any]:
         r = ratio(ra, rb)
         per_round = [x for x in (ratio(u, v) for u, v in zip(a, b)) if x is not None]
+        # Paired by round, the load the rounds share drops out of the spread.
+        half = ci95(per_round) if len(per_round) >= 2 else None
         return {"ratio": r, "met": r is not None and met(r), "rounds_met": sum(1 for x in per_round if met(x)),
-                "rounds": len(per_round)}
+                "rounds": len(per_round), "per_round": per_round,
+                "per_round_mean": statistics.fmean(per_round) if per_round else None,
+                "per_round_ci95": None if half is None or math.isinf(half) else half}
 
     def delay(x: dict[str, Any]) -> list[float]:
         return x["per_run_scheduling_delay_mean_ms"]
@@ -371,7 +444,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--per-period", type=int, default=0, help="records per 10 s period; 0 = calibrate")
     p.add_argument("--burst-factor", type=float, default=1.6, help="burst rate / measured capacity")
     p.add_argument("--work", type=int, default=1, help="hash rounds per payload character")
-    p.add_argument("--drop-factor", type=int, default=2, help="capacity_drop: the work is multiplied by this")
+    p.add_argument("--drop-factor", type=int, default=0,
+                   help="capacity_drop: the hash rounds are multiplied by this; 0 = measured each round to double "
+                        "the per-row time")
     p.add_argument("--partitions", type=int, default=2)
     p.add_argument("--interval-ms", type=float, default=1000.0)
     p.add_argument("--warmup", type=float, default=10.0, help="seconds of each run left out of the figures")
@@ -390,6 +465,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         a.periods, a.warmup, a.min_repeats, a.max_repeats, a.time_cap = 2, 5.0, 2, 2, 240.0
     if a.periods < 1:
         p.error(f"--periods: must be >= 1, got {a.periods}")
+    if a.drop_factor < 0:
+        p.error(f"--drop-factor: must be >= 0 (0 = measured), got {a.drop_factor}")
     for name in a.controllers.split(","):
         if name not in CONTROLLERS:
             p.error(f"--controllers: unknown controller {name!r}; expected some of {', '.join(CONTROLLERS)}")
@@ -432,19 +509,26 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             # gets it as a user sets a static cap: from a measurement just before.
             capacity, fixed_cost, marginal = calibrate(spark, a.work, a.partitions, a.interval_ms, a.calibration_s)
             per_period = a.per_period or int(capacity * a.burst_factor * 5.0)
+            drop_factor, probed = a.drop_factor, None
+            if a.drop_factor == 0 and "capacity_drop" in scenarios:
+                drop_factor, probed = calibrate_drop(spark, a.work, a.partitions, a.interval_ms, fixed_cost, marginal,
+                                                     a.calibration_s)
             rounds_setup.append({"capacity_rows_per_s": capacity, "per_period": per_period,
                                  "fixed_cost_per_batch_s": fixed_cost, "marginal_rows_per_s": marginal,
+                                 "drop_factor": drop_factor, "probed_row_time_s": probed,
                                  "load_average_1min": os.getloadavg()[0]})
             print(f"round {r + 1}: capacity ~{capacity:.0f} rows/s; bursty source: {per_period} records in the "
                   "first 5 s of every 10 s", flush=True)
             k = r % len(pairs)
             for scenario, name in pairs[k:] + pairs[:k]:   # rotate: the machine's load drifts
                 run = run_controller(spark, name, scenario, per_period, a.work, a.partitions, a.periods,
-                                     a.drain_cap, capacity, a.interval_ms, a.warmup, a.drop_factor)
+                                     a.drain_cap, capacity, a.interval_ms, a.warmup, max(drop_factor, 1), fixed_cost)
                 run["round"] = r
                 runs[scenario][name].append(run)
+                ratio = run.get("capacity_ratio")
                 print(f"{scenario} {name} #{r}: mean sdelay {aggregate([run])['scheduling_delay_mean_ms']:.1f} ms, "
                       f"{run['rows']:,} rows in {run['elapsed_s']:.1f} s"
+                      f"{'' if ratio is None else f', capacity after the drop {ratio:.2f}x before'}"
                       f"{'' if run['drained'] else ' (stopped by the drain cap)'}", flush=True)
             now = time.time()
             round_s, round_started = now - round_started, now
@@ -526,11 +610,17 @@ def table(out: dict[str, Any]) -> str:
                              f"{'-' if half is None else f'{half:.1f}'} | {s['scheduling_delay_p95_ms']:.0f} | "
                              f"{s['throughput_rows_per_s']:,.0f} | {s['batches']} / {s['batches_past_next_boundary']} | "
                              f"{s['processing_time_mean_ms']:.0f} / {s['processing_time_sd_ms']:.0f} | {s['repeats']}{stuck} |")
-    lines += ["", "| goal | measured (means over all repeats) | | rounds in which it held |", "|---|---|---|---|"]
+        ratios = {n: s["capacity_ratio_mean"] for n, s in data["summary"].items() if "capacity_ratio_mean" in s}
+        if ratios:
+            lines += ["", "Capacity after the drop / before (marginal per-row time, fixed cost off; mean of the "
+                      "runs): " + ", ".join(f"{n} {r:.2f}" for n, r in ratios.items())]
+    lines += ["", "| goal | measured (means over all repeats) | | rounds in which it held | per-round ratio, mean +- ci95 |",
+              "|---|---|---|---|---|"]
     for goal, g in out["goals"].items():
-        r = g["ratio"]
+        r, m, h = g["ratio"], g.get("per_round_mean"), g.get("per_round_ci95")
+        paired = "-" if m is None else f"{m:.2f}" + ("" if h is None else f" +- {h:.2f}")
         lines.append(f"| {goal} | {'-' if r is None else f'{r:.2f}'} | {'met' if g['met'] else 'not met'} | "
-                     f"{g.get('rounds_met', 0)} of {g.get('rounds', 0)} |")
+                     f"{g.get('rounds_met', 0)} of {g.get('rounds', 0)} | {paired} |")
     lines += ["", out["stopped"]["verdict"]]
     return "\n".join(lines)
 

@@ -84,10 +84,12 @@ def test_goals_compare_doc001_with_pid_and_after_the_drop_with_fixed():
     assert scenarios["capacity_drop"]["after_drop"]["fixed"]["scheduling_delay_mean_ms"] == pytest.approx(900)
     g = bench.goals(scenarios)
     assert g["steady: doc001 / pid mean scheduling delay <= 0.6"] == {"ratio": 0.5, "met": True, "rounds_met": 1,
-                                                                      "rounds": 1}
+                                                                      "rounds": 1, "per_round": [0.5],
+                                                                      "per_round_mean": 0.5, "per_round_ci95": None}
     assert g["capacity_drop: doc001 / pid mean scheduling delay <= 0.6"]["ratio"] == pytest.approx(0.2)
     assert g["capacity_drop: doc001 / fixed mean scheduling delay after the drop <= 0.3"] == {
-        "ratio": pytest.approx(20 / 900), "met": True, "rounds_met": 1, "rounds": 1}
+        "ratio": pytest.approx(20 / 900), "met": True, "rounds_met": 1, "rounds": 1,
+        "per_round": [pytest.approx(20 / 900)], "per_round_mean": pytest.approx(20 / 900), "per_round_ci95": None}
     assert g["capacity_drop: doc001 throughput >= 0.95 x best"]["ratio"] == pytest.approx(0.99)
     text = bench.table({"scenarios": scenarios, "goals": g, "stopped": {"verdict": "converged"}})
     assert "after the drop" in text and "not met" not in text
@@ -124,3 +126,43 @@ def test_goals_count_the_rounds_in_which_each_ratio_held_on_its_own():
     assert (tp["rounds_met"], tp["rounds"]) == (1, 2)                           # 1.0, then 0.9 of the best
     assert "1 of 2" in bench.table({"scenarios": bench.summarize_all(runs), "goals": g,
                                     "stopped": {"verdict": "time cap"}})
+
+
+def test_the_per_round_ratio_has_a_ci95_once_there_are_two_rounds():
+    runs = {"steady": {"pid": [run([100, 100]), run([1000, 1000])],
+                       "doc001": [run([40, 40]), run([600, 600])],
+                       "fixed": [run([0, 0]), run([0, 0])]}}
+    g = bench.goals(bench.summarize_all(runs))["steady: doc001 / pid mean scheduling delay <= 0.6"]
+    assert g["per_round"] == [pytest.approx(0.4), pytest.approx(0.6)]
+    assert g["per_round_mean"] == pytest.approx(0.5)
+    assert g["per_round_ci95"] == pytest.approx(12.706 * statistics.stdev([0.4, 0.6]) / math.sqrt(2))
+
+
+def test_the_drop_factor_doubles_the_marginal_row_time():
+    # 10 us a row, 24 us with twice the hash rounds: the hash is 2 us of it, so 1 + 10 / 2 rounds
+    assert bench.DROP_PROBE == 8
+    assert bench.drop_factor_for(10e-6, 24e-6) == round(1 + 10 / 2)
+    # the whole row is hash: twice the rounds double it
+    assert bench.drop_factor_for(10e-6, 80e-6) == 2
+    # no measurable hash, or none measured: the upper bound; a tiny hash: the upper bound too
+    assert bench.drop_factor_for(10e-6, 9e-6) == bench.DROP_FACTOR_RANGE[1]
+    assert bench.drop_factor_for(10e-6, None) == bench.DROP_FACTOR_RANGE[1]
+    assert bench.drop_factor_for(10e-6, 10.1e-6) == bench.DROP_FACTOR_RANGE[1]
+    assert bench.drop_factor_for(10e-6, 14e-6, probe=2) == round(1 + 10 / 4)
+
+
+def test_marginal_row_time_takes_the_fixed_cost_off_full_batches():
+    batches = [record(0.0, 0.0, rows=10_000, proc=0.3), record(1.0, 0.0, rows=30_000, proc=0.5),
+               record(2.0, 0.0, rows=7_000, proc=0.9)]              # under a quarter of the largest
+    assert bench.marginal_row_time(batches, 0.2) == pytest.approx((0.1 + 0.3) / 40_000)
+    assert bench.marginal_row_time([record(0.0, 0.0, rows=0)], 0.2) is None
+    assert bench.marginal_row_time([], 0.2) is None
+
+
+def test_capacity_ratio_and_top3_share_are_reported_per_run():
+    a, b = run([0, 0, 0, 0, 900]), run([100, 100, 100, 100])
+    a["capacity_ratio"], b["capacity_ratio"] = 0.5, 0.6
+    s = bench.aggregate([a, b])
+    assert s["capacity_ratio_per_run"] == [0.5, 0.6] and s["capacity_ratio_mean"] == pytest.approx(0.55)
+    assert s["per_run_top3_delay_share"] == [pytest.approx(1.0), pytest.approx(0.75)]
+    assert bench.top_share([record(0.0, 0.0)]) is None
