@@ -38,12 +38,30 @@ def test_w2_normal_acks_grow_the_window_linearly_up_to_max() -> None:
     w.on_sent(2, 0.0)                                     # the window (2) is used
     assert w.on_ack(1, 0.0) == pytest.approx(0.0)         # the base round trip: NORMAL
     assert w.on_ack(2, 0.2) == pytest.approx(0.2)         # 0.2 over the base, at the threshold: NORMAL
-    assert (w.state, w.window) == (NORMAL, 4.0)           # one step per ack
-    for i in range(3, 8):
+    assert w.state == NORMAL
+    assert w.window == pytest.approx(2 + 1 / 2 + 1 / 2.5)  # step / window per ack: not 4 (one per ack)
+    for i in range(3, 30):
         for j in range(int(w.window)):
             w.on_sent(i * 10 + j, 1.0)                    # filled again
         w.on_ack(i * 10, 1.01)
     assert w.window == 4.0                                # max
+
+
+def test_w2_a_round_trip_of_normal_acks_grows_the_window_by_one_step_not_doubles_it() -> None:
+    """RFC 2001's linear increase (congestion avoidance), which document 002 keeps, is one
+    segment per round trip; one per ack would double the window every round trip (slow start,
+    which the document leaves out)."""
+    w: SendWindow[int] = SendWindow(WindowParams(initial=100, min=1, max=4096, rtt_threshold=0.05))
+    now = 0.0
+    for rnd in range(3):                                  # three round trips of 10 ms, each a full window
+        n = int(w.window)
+        for i in range(n):
+            w.on_sent((rnd, i), now)
+        now += 0.01
+        for i in range(n):
+            w.on_ack((rnd, i), now)
+    assert w.state == NORMAL
+    assert 102.9 < w.window < 103.1                       # 100 + about 1 per round trip (800 per ack)
 
 
 def test_w2b_a_window_the_spout_does_not_fill_does_not_grow() -> None:
@@ -55,7 +73,7 @@ def test_w2b_a_window_the_spout_does_not_fill_does_not_grow() -> None:
     w.on_sent(10, 9.0)
     w.on_sent(11, 9.0)                                    # now it limits the spout: it grows
     w.on_ack(10, 9.01)
-    assert w.window == 3.0
+    assert w.window == 2.5
 
 
 def test_w3_slow_acks_shrink_it_linearly_down_to_min() -> None:
@@ -77,11 +95,13 @@ def test_w3b_the_threshold_counts_from_the_smallest_round_trip_seen() -> None:
     w: SendWindow[int] = SendWindow(WindowParams(initial=8, min=1, max=16, rtt_threshold=0.2))
     for i in range(8):
         w.on_sent(i, 0.0)
+    grown = 8.0
     for i in range(4):
         w.on_ack(i, 0.5 + 0.05 * i)                       # 0.5-0.65 s: within 0.2 of the base 0.5
-    assert (w.state, w.base, w.window) == (NORMAL, 0.5, 12.0)
+        grown += 1 / grown
+    assert (w.state, w.base) == (NORMAL, 0.5) and w.window == pytest.approx(grown)
     w.on_ack(4, 0.75)                                     # 0.25 over the base: SLOW
-    assert (w.state, w.window) == (SLOW, 11.0)
+    assert w.state == SLOW and w.window == pytest.approx(grown - 1)
     w.on_ack(5, 0.45)                                     # a faster one lowers the base
     assert w.base == 0.45
 
@@ -192,7 +212,7 @@ def test_w9_a_tuple_fanned_out_to_two_components_is_freed_from_both_windows_by_i
     assert s.windows[10].in_flight == {"q": 0.0, "r": 0.0} == s.windows[20].in_flight
     assert s.on_ack("r", 0.1) == pytest.approx(0.1)
     assert s.windows[10].in_flight == {"q": 0.0} == s.windows[20].in_flight   # neither window leaks it
-    assert s.windows[10].window == s.windows[20].window == 3.0             # both saw a NORMAL ack
+    assert s.windows[10].window == s.windows[20].window == 2.5             # both saw a NORMAL ack
     s.on_sent("f", 10, 1.0)
     s.on_sent("f", 20, 1.0)
     assert s.on_fail("f") == 10
