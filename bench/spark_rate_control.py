@@ -91,27 +91,34 @@ T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2
 
 class LinearWork(Bolt):
     """Work linear in the record: ``rounds`` passes of a multiplicative hash per character,
-    ``rounds * factor`` from the wall-clock time ``slow_from`` on (the capacity drop;
+    ``rounds * factor`` (a fraction of a pass counts) from the wall-clock time ``slow_from`` on (the capacity drop;
     Spark runs the bolt in its Python workers, so the switch is a time, not a call)."""
 
     outputs: list[str] = []
 
-    def __init__(self, rounds: int = 1, factor: int = 1, slow_from: float = math.inf) -> None:
+    def __init__(self, rounds: int = 1, factor: float = 1.0, slow_from: float = math.inf) -> None:
         self.rounds = rounds
         self.factor = factor
         self.slow_from = slow_from
 
-    def execute(self, tup: Tuple) -> None:
+    def work_bytes(self, text: str) -> bytes:
+        """The bytes one record's hash passes over: ``rounds`` copies of it (``rounds *
+        factor`` after the drop), a fractional factor taking that share of the last copy."""
         rounds = self.rounds * self.factor if time.time() >= self.slow_from else self.rounds
+        data = text.encode() * math.ceil(rounds)
+        if rounds != int(rounds):
+            data = data[:round(len(text.encode()) * rounds)]
+        return data
+
+    def execute(self, tup: Tuple) -> None:
         h = 0
-        data = tup[1].encode() * rounds
-        for b in data:
+        for b in self.work_bytes(tup[1]):
             h = (h * 31 + b) & 0xFFFFFFFF
         self.last = h
 
 
 def topology(per_period: int, rounds: int, partitions: int, total: int | None = None,
-             profile: str = "bursty", rate: float = 0.0, factor: int = 1,
+             profile: str = "bursty", rate: float = 0.0, factor: float = 1.0,
              slow_from: float = math.inf) -> Topology:
     b = TopologyBuilder("spark-rate-control")
     if profile == "bursty":
@@ -143,7 +150,7 @@ def fit_overhead(batches: Sequence[Any]) -> tuple[float, float]:
 
 CALIBRATION_SIZES = (8_000, 40_000)   # rows per batch of the two calibration runs
 DROP_PROBE = 8                        # the drop calibration runs this many times the hash rounds
-DROP_FACTOR_RANGE = (2, 12)           # the factor it may choose
+DROP_FACTOR_RANGE = (2.0, 12.0)       # the factor it may choose
 
 
 def marginal_row_time(batches: Sequence[Any], fixed_cost: float, min_share: float = 0.25) -> float | None:
@@ -157,15 +164,15 @@ def marginal_row_time(batches: Sequence[Any], fixed_cost: float, min_share: floa
 
 
 def drop_factor_for(base: float, probed: float | None, probe: int = DROP_PROBE,
-                    bounds: tuple[int, int] = DROP_FACTOR_RANGE) -> int:
+                    bounds: tuple[float, float] = DROP_FACTOR_RANGE) -> float:
     """The hash-round factor that doubles the marginal per-row time ``base`` (s/row), from
     ``probed``, the time with ``probe`` times the rounds: a row costs ``o + f * h`` (``h``
     the hash at one round), so ``f = 1 + base / h`` with ``h = (probed - base) / (probe - 1)``.
-    No measurable hash (``h <= 0``, noise) gives the upper bound."""
+    No measurable hash (``h <= 0``, noise) gives the upper bound; rounded to a tenth."""
     h = (probed - base) / (probe - 1) if probed is not None else 0.0
     if h <= 0:
-        return bounds[1]
-    return int(min(max(round(1 + base / h), bounds[0]), bounds[1]))
+        return float(bounds[1])
+    return round(min(max(1 + base / h, bounds[0]), bounds[1]), 1)
 
 
 def calibrate(spark: Any, rounds: int, partitions: int, interval_ms: float, seconds: float = 20.0,
@@ -207,7 +214,7 @@ def calibrate(spark: Any, rounds: int, partitions: int, interval_ms: float, seco
 
 
 def calibrate_drop(spark: Any, rounds: int, partitions: int, interval_ms: float, fixed_cost: float,
-                   marginal: float, seconds: float = 12.0, size: int = CALIBRATION_SIZES[-1]) -> tuple[int, float | None]:
+                   marginal: float, seconds: float = 12.0, size: int = CALIBRATION_SIZES[-1]) -> tuple[float, float | None]:
     """The drop factor for this round (``drop_factor_for``) from one run of ``size``-row
     batches at ``DROP_PROBE`` times the rounds: ``(factor, probed s/row)``."""
     from runtime.spark import engine
@@ -233,7 +240,7 @@ def warm_up(spark: Any, rounds: int, partitions: int, interval_ms: float, second
 
 def run_controller(spark: Any, name: str, scenario: str, per_period: int, rounds: int, partitions: int,
                    periods: int, drain_cap: float, capacity: float, interval_ms: float, warmup: float,
-                   drop_factor: int, fixed_cost: float = 0.0) -> dict[str, Any]:
+                   drop_factor: float, fixed_cost: float = 0.0) -> dict[str, Any]:
     """One run over the same work for every controller: the source offers ``periods``
     bursts (``periods * per_period`` rows, the last burst ending at ``10 * periods - 5`` s)
     and the run lasts until every row is processed, or ``drain_cap`` seconds after the
@@ -444,7 +451,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--per-period", type=int, default=0, help="records per 10 s period; 0 = calibrate")
     p.add_argument("--burst-factor", type=float, default=1.6, help="burst rate / measured capacity")
     p.add_argument("--work", type=int, default=1, help="hash rounds per payload character")
-    p.add_argument("--drop-factor", type=int, default=0,
+    p.add_argument("--drop-factor", type=float, default=0.0,
                    help="capacity_drop: the hash rounds are multiplied by this; 0 = measured each round to double "
                         "the per-row time")
     p.add_argument("--partitions", type=int, default=2)
@@ -522,7 +529,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             k = r % len(pairs)
             for scenario, name in pairs[k:] + pairs[:k]:   # rotate: the machine's load drifts
                 run = run_controller(spark, name, scenario, per_period, a.work, a.partitions, a.periods,
-                                     a.drain_cap, capacity, a.interval_ms, a.warmup, max(drop_factor, 1), fixed_cost)
+                                     a.drain_cap, capacity, a.interval_ms, a.warmup, max(drop_factor, 1.0), fixed_cost)
                 run["round"] = r
                 runs[scenario][name].append(run)
                 ratio = run.get("capacity_ratio")
@@ -583,14 +590,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 def _commit() -> str | None:
-    """The checkout the figures were measured on (None outside git)."""
+    """The checkout the figures were measured on; in a tree exported from git (no
+    repository: a clean copy of one commit, others' edits left out), ``TOPO_BENCH_COMMIT``
+    names the commit it was exported from; None when neither says."""
     import subprocess
 
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               cwd=Path(__file__).parent, timeout=10, check=True).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
-        return None
+        return os.environ.get("TOPO_BENCH_COMMIT") or None
 
 
 def table(out: dict[str, Any]) -> str:

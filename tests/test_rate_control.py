@@ -440,6 +440,9 @@ def test_when_a_batch_takes_as_long_whatever_its_size_the_cap_stops_falling():
     # the third batch (591 rows) is 1.7x smaller than the first and took as long: the cap holds
     assert c.cuts_are_useless()
     assert caps[3:] == [caps[2]] * 4
+    # and the reader is given no marginal rate, so it does not cut a late batch either
+    assert c.marginal_rate() is None
+    assert late_start_rate(caps[-1], c.marginal_rate(), 0.3, 1.0) == caps[-1]
 
 
 def test_a_fixed_cost_over_the_target_stops_the_cuts_and_a_real_slope_does_not():

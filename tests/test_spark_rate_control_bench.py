@@ -139,30 +139,22 @@ def test_the_per_round_ratio_has_a_ci95_once_there_are_two_rounds():
 
 
 def test_the_drop_factor_doubles_the_marginal_row_time():
-    # 10 us a row, 24 us with twice the hash rounds: the hash is 2 us of it, so 1 + 10 / 2 rounds
+    # 10 us a row, 24 us with 8x the hash rounds: the hash is 2 us of it, so 1 + 10 / 2 rounds
     assert bench.DROP_PROBE == 8
-    assert bench.drop_factor_for(10e-6, 24e-6) == round(1 + 10 / 2)
+    assert bench.drop_factor_for(10e-6, 24e-6) == pytest.approx(6)
     # the whole row is hash: twice the rounds double it
     assert bench.drop_factor_for(10e-6, 80e-6) == 2
     # no measurable hash, or none measured: the upper bound; a tiny hash: the upper bound too
     assert bench.drop_factor_for(10e-6, 9e-6) == bench.DROP_FACTOR_RANGE[1]
     assert bench.drop_factor_for(10e-6, None) == bench.DROP_FACTOR_RANGE[1]
     assert bench.drop_factor_for(10e-6, 10.1e-6) == bench.DROP_FACTOR_RANGE[1]
-    assert bench.drop_factor_for(10e-6, 14e-6, probe=2) == round(1 + 10 / 4)
+    assert bench.drop_factor_for(10e-6, 14e-6, probe=2) == pytest.approx(3.5)
+    assert bench.drop_factor_for(10e-6, 28e-6) == pytest.approx(4.9)     # 1 + 10 / (18 / 7), to a tenth
 
 
-def test_marginal_row_time_takes_the_fixed_cost_off_full_batches():
-    batches = [record(0.0, 0.0, rows=10_000, proc=0.3), record(1.0, 0.0, rows=30_000, proc=0.5),
-               record(2.0, 0.0, rows=7_000, proc=0.9)]              # under a quarter of the largest
-    assert bench.marginal_row_time(batches, 0.2) == pytest.approx((0.1 + 0.3) / 40_000)
-    assert bench.marginal_row_time([record(0.0, 0.0, rows=0)], 0.2) is None
-    assert bench.marginal_row_time([], 0.2) is None
-
-
-def test_capacity_ratio_and_top3_share_are_reported_per_run():
-    a, b = run([0, 0, 0, 0, 900]), run([100, 100, 100, 100])
-    a["capacity_ratio"], b["capacity_ratio"] = 0.5, 0.6
-    s = bench.aggregate([a, b])
-    assert s["capacity_ratio_per_run"] == [0.5, 0.6] and s["capacity_ratio_mean"] == pytest.approx(0.55)
-    assert s["per_run_top3_delay_share"] == [pytest.approx(1.0), pytest.approx(0.75)]
-    assert bench.top_share([record(0.0, 0.0)]) is None
+def test_a_fractional_drop_factor_hashes_that_share_of_the_last_pass():
+    text = "abcdefghij"
+    assert len(bench.LinearWork(rounds=2, factor=1.5, slow_from=0.0).work_bytes(text)) == 30
+    assert len(bench.LinearWork(rounds=1, factor=2.5, slow_from=0.0).work_bytes(text)) == 25
+    assert bench.LinearWork(rounds=1, factor=2.0, slow_from=0.0).work_bytes(text) == text.encode() * 2
+    assert bench.LinearWork(rounds=1, factor=2.5).work_bytes(text) == text.encode()   # before the drop

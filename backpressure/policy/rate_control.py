@@ -119,7 +119,8 @@ the controller is the document's:
   and throughput with it, while the batches take no less time. So when the last batches
   (at least three, sizes at least 1.5x apart, the latest included) show no positive
   slope of time over size, or a fitted fixed cost at or over ``target``, cases 1 and 3
-  never lower the cap below the one the latest batch ran with.
+  never lower the cap below the one the latest batch ran with, and no marginal rate is
+  published, so the reader does not cut a late batch either (it would end no sooner).
 * **The processing rate is read over the last three batches** (``smooth_batches``, 3). The
   document reads formulas (2), (4) and (5) off the latest batch alone and smooths only in
   case 2, where formula (8) averages the last three batches' rates. On a shared machine
@@ -330,9 +331,9 @@ class AdaptiveRateController:
 
     def marginal_rate(self) -> float | None:
         """``n / (t - a')``, the mean over the window (the latest finished batch alone with
-        ``smooth_batches = 1``; ``None`` before any)."""
+        ``smooth_batches = 1``); ``None`` before any, and while ``cuts_are_useless``."""
         window = self._window()
-        if not window:
+        if not window or self.cuts_are_useless():
             return None
         a = self.fixed_cost()
         return sum(b.elements / (b.processing_time - min(a, b.processing_time / 2)) for b in window) / len(window)
