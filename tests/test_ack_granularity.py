@@ -81,8 +81,8 @@ def test_a_group_received_in_two_batches_from_another_worker_shares_one_cell() -
     anchors = {11: 0x77}
     own = [0]
     sent = [_tup(anchors, g), _tup(anchors, g), _tup({11: 0x99}, own)]
-    first = codec.decode(codec.encode(sent))
-    second = codec.decode(codec.encode([_tup(anchors, g)]))          # (a batch all of one group)
+    first = list(codec.decode(codec.encode(sent)))
+    second = list(codec.decode(codec.encode([_tup(anchors, g)])))    # (a batch all of one group)
     cells = [t.ackcell for t in first + second]
     assert cells[0] is cells[1] is cells[3] and cells[0][1] == 3    # one group of three, across batches
     assert cells[2] is not cells[0] and len(cells[2]) == 1           # a per-tuple edge keeps its own cell

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 import msgpack
 import pytest
 
-from topo.api import Bolt, FieldIndex, Origin, Tuple, TupleBatch, column
+from topo.api import Bolt, Columns, EmitError, FieldIndex, Origin, Tuple, TupleBatch, column
 from topo.examples.wordcount import BatchFinalCountBolt, BatchSplitBolt, SentenceSpout, expected_counts
 from topo.groupings import Router
 from topo.topology import TopologyBuilder
@@ -160,3 +160,55 @@ def test_the_example_batch_count_gives_the_same_counts_from_columns_and_from_tup
     a.execute_batch(TupleBatch([[values, origin, None, 0.0, None, 0]], 3))
     b.execute_batch(list(TupleBatch([[values, origin, None, 0.0, None, 0]], 3)))
     assert a.counts == b.counts == Counter({"the": 2, "cow": 1})
+
+
+def test_a_tuple_batch_crosses_to_another_worker_as_runs_of_the_same_size() -> None:
+    from runtime.local.transport import TupleCodec
+
+    codec = TupleCodec({"split": {"default": ("word",)}})
+    pack = msgpack.Packer(autoreset=True).pack
+    origin = Origin(FIELDS, "default", "split", 3)
+    group = new_group()
+    group[1] = 2
+    words = [f"w{i}" * (i % 40) for i in range(100)]
+    batch = TupleBatch([[Columns(words), origin, None, 0.0, None, 0],
+                        [[["a"], ["b"]], origin, {11: 22}, 1.5, group, 0]], 102)
+    groups, nbytes = TupleCodec.encode_sized(batch, pack)
+    assert nbytes == _wire_size([[w] for w in words] + [["a"], ["b"]]) == _outbox()[0].batch_bytes(batch)
+    wire = msgpack.unpackb(msgpack.packb(["B", 1, nbytes, groups], use_bin_type=True), raw=False,
+                           strict_map_key=False)
+    back = codec.decode(wire[3])
+    assert type(back) is TupleBatch and back.column("word") == words + ["a", "b"]
+    assert [(t.anchors, t.born) for t in back][-2:] == [({11: 22}, 1.5)] * 2
+    assert back[-1].ackcell is back[-2].ackcell and back[-1].ackcell[1] == 2   # one group here too
+
+
+def test_a_frame_with_tuples_of_their_own_edges_decodes_to_tuples_in_order() -> None:
+    from runtime.local.transport import TupleCodec
+
+    codec = TupleCodec({"split": {"default": ("word",)}})
+    groups = [["split", "default", 3, [["a"], ["b"]], None, None],
+              ["split", "default", 3, [["c"]], [{5: 6}], [2.0]],
+              ["split", "default", 3, [["d"]], None, None]]
+    back = codec.decode(groups)
+    assert type(back) is list
+    assert [t.values[0] for t in back] == ["a", "b", "c", "d"]
+    assert [t.anchors for t in back] == [None, None, {5: 6}, None]
+
+
+def test_columns_read_as_rows_and_name_a_length_mismatch_in_one_line() -> None:
+    c = Columns(["a", "b"], [1, 2])
+    assert list(c) == [("a", 1), ("b", 2)] and c[1] == ("b", 2) and c[:1] == [("a", 1)] and len(c) == 2
+    with pytest.raises(EmitError, match="column 1 has 1 values, column 0 has 2"):
+        Columns(["a", "b"], [1])
+
+
+def test_emit_many_of_columns_is_checked_sized_and_sent_as_columns() -> None:
+    outbox, queue = _outbox()
+    with pytest.raises(EmitError, match="emitted 2 values on stream 'default'"):
+        outbox.untracked_many["default"](Columns(["a"], [1]), 0.0)
+    words = ["x" * i for i in range(0, 70, 7)]
+    outbox.untracked_many["default"](Columns(words), 0.0)
+    batch, nbytes = _sent(outbox, queue)
+    assert type(batch) is TupleBatch and nbytes == _wire_size([[w] for w in words])
+    assert batch.column("word") == words and [t.values for t in batch] == [(w,) for w in words]

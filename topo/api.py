@@ -192,8 +192,55 @@ class WireTuple(tuple, Tuple):  # type: ignore[misc]
         return (WireTuple, (tuple(tuple.__iter__(self)),))
 
 
+class Columns(_SequenceABC):  # type: ignore[type-arg]
+    """What ``emit_many`` takes, given by field instead of by tuple: ``Columns(words)`` for
+    a one-field stream, ``Columns(words, counts)`` for two (one sequence per declared field,
+    all of one length).
+
+    It reads as the list of its rows (a tuple of values each), so every collector takes
+    it; the local engine keeps it as columns on its way to the next task (``TupleBatch``),
+    so a value costs no tuple of its own unless a bolt reads it as a tuple.
+    """
+
+    __slots__ = ("columns", "_n")
+
+    def __init__(self, *columns: Sequence[Any]) -> None:
+        if not columns:
+            raise EmitError("Columns() needs one sequence per field, got none")
+        n = len(columns[0])
+        for i, c in enumerate(columns):
+            if len(c) != n:
+                raise EmitError(f"Columns(): column {i} has {len(c)} values, column 0 has {n} (one length for all)")
+        self.columns = columns
+        self._n = n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        return zip(*self.columns)
+
+    @overload
+    def __getitem__(self, i: int) -> tuple[Any, ...]: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[tuple[Any, ...]]: ...
+
+    def __getitem__(self, i: int | slice) -> tuple[Any, ...] | list[tuple[Any, ...]]:
+        if isinstance(i, slice):
+            return list(zip(*(c[i] for c in self.columns)))
+        return tuple(c[i] for c in self.columns)
+
+    def copy(self) -> "Columns":
+        """Columns of its own (lists), whatever the caller does with its sequences later."""
+        return Columns(*map(list, self.columns))
+
+    def __repr__(self) -> str:
+        return f"Columns({self._n} values x {len(self.columns)} fields)"
+
+
 # One run of a ``TupleBatch``: tuples that share everything but their values, as
-# ``[values_list, origin, anchors, born, ackcell, at]`` (``at``: where the run stands among
+# ``[values_list, origin, anchors, born, ackcell, at]`` (``values_list``: a list, or ``Columns``) (``at``: where the run stands among
 # the single tuples of the lane it was emitted into; the batch itself ignores it).
 Run = list
 
@@ -257,11 +304,24 @@ class TupleBatch(_SequenceABC):  # type: ignore[type-arg]
             index = r[1].fields.index.get(name)
             if index is None:
                 raise KeyError(f"field {name!r} is not among {list(r[1].fields.names)} of stream {r[1].stream!r}")
-            out += map(itemgetter(index), r[0])
+            values = r[0]
+            out += values.columns[index] if type(values) is Columns else map(itemgetter(index), values)
         return out
 
     def __repr__(self) -> str:
         return f"TupleBatch({self._n} tuples in {len(self.runs)} runs)"
+
+
+def interleave(tuples: list[Tuple], runs: list[Run]) -> list[Tuple]:
+    """``tuples`` with the tuples of each run made and placed where its ``at`` says (a new list)."""
+    out: list[Tuple] = []
+    done = 0
+    for values, origin, anchors, born, cell, at in runs:
+        out += tuples[done:at]
+        done = at
+        out += map(WireTuple, zip(values, repeat(origin), repeat(anchors), repeat(born), repeat(cell)))
+    out += tuples[done:]
+    return out
 
 
 def column(tuples: Sequence[Tuple], name: str) -> list[Any]:

@@ -26,8 +26,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import msgpack
 
-from topo.api import (EmitError, FieldIndex, Origin, Run, Tuple, TupleBatch, WireTuple, arity_error,
-                      encoding_error, unknown_stream_error)
+from topo.api import (Columns, EmitError, FieldIndex, Origin, Run, Tuple, TupleBatch, WireTuple, arity_error,
+                      encoding_error, interleave, unknown_stream_error)
 from topo.groupings import Router
 from runtime.local.acker import AckGroup, new_group
 from runtime.local.queue import ByteQueue
@@ -82,13 +82,19 @@ class Lane:
         (an unencodable value is left for the flush, whose error names it)."""
         if not self.sized_at_emit:
             return
+        n = len(values_list)
         try:
-            self.nbytes += len(pack(values_list)) - array_header_len(len(values_list))
+            if type(values_list) is Columns:     # each column packed alone, each row's header added
+                cols = values_list.columns
+                self.nbytes += (sum(len(pack(c)) for c in cols) - len(cols) * array_header_len(n)
+                                + n * array_header_len(len(cols)))
+            else:
+                self.nbytes += len(pack(values_list)) - array_header_len(n)
         except (TypeError, ValueError, OverflowError):
             return
-        self.nsized += len(values_list)
+        self.nsized += n
 
-    def add_run(self, values: list[Sequence[Any]], origin: Origin, anchors: dict[int, int] | None, born: float,
+    def add_run(self, values: list[Sequence[Any]] | Columns, origin: Origin, anchors: dict[int, int] | None, born: float,
                 cell: AckGroup | None) -> None:
         """Keep ``values`` (a list the lane now owns) as one run; it extends the last run
         when nothing else came between them and they share everything but their values."""
@@ -97,7 +103,8 @@ class Lane:
         self.run_count += len(values)
         if runs:
             last = runs[-1]
-            if last[5] == at and last[1] is origin and last[2] is anchors and last[4] is cell and last[3] == born:
+            if (last[5] == at and last[1] is origin and last[2] is anchors and last[4] is cell and last[3] == born
+                    and type(values) is list and type(last[0]) is list):
                 last[0] += values
                 return
         runs.append([values, origin, anchors, born, cell, at])
@@ -112,16 +119,7 @@ class Lane:
         n = len(batch) + self.run_count
         self.runs = []
         self.run_count = 0
-        if not batch:
-            return TupleBatch(runs, n)
-        out: list[Tuple] = []
-        done = 0
-        for values, origin, anchors, born, cell, at in runs:
-            out += batch[done:at]
-            done = at
-            out += map(WireTuple, zip(values, repeat(origin), repeat(anchors), repeat(born), repeat(cell)))
-        out += batch[done:]
-        return out
+        return interleave(batch, runs) if batch else TupleBatch(runs, n)
 
     def join(self, parent: list[int], roots: Iterable[int], getrandbits: Callable[[int], int]) -> AckGroup:
         """The group a tuple of this lane under ``parent`` joins (a new one after a flush or
@@ -340,6 +338,10 @@ class Outbox:
         arity_error = self.arity_error
 
         def check(values_list: Sequence[Sequence[Any]]) -> None:
+            if type(values_list) is Columns:
+                if len(values_list.columns) == nfields or not len(values_list):
+                    return
+                raise arity_error(values_list[0], stream)
             try:
                 lengths = list(map(len, values_list))
                 if lengths.count(nfields) == len(lengths):   # (count compares small ints by identity)
@@ -395,10 +397,12 @@ class Outbox:
                 if columns:         # one run: the caller keeps its list, the lane a copy
                     lane = lanes[0]
                     lane.add_sized(values_list, pack)
-                    lane.add_run(list(values_list), origin, None, born, None)
+                    lane.add_run(_own(values_list), origin, None, born, None)
                     outbox.pending_count += len(values_list)
                     return
             elif len(lanes) <= _PARTITION_LANES:   # each lane's share picked out by C-level maps
+                if type(values_list) is Columns:
+                    values_list = list(values_list)
                 parts = _partition(lanes, values_list, select_many(values_list))
             else:                   # each tuple appended to its lane's batch, by C-level maps too
                 tuples = map(WireTuple, zip(values_list, repeat(origin), repeat(None), repeat(born), repeat(None)))
@@ -548,8 +552,12 @@ class Outbox:
                 return
             check(values_list)
             roots = roots_list(roots)
-            parts = (((lanes[0], list(values_list)),) if len(lanes) == 1     # (a part: a new list)
-                     else _partition(lanes, values_list, select_many(values_list)))
+            if len(lanes) == 1:
+                parts: Iterable[tuple[Lane, Any]] = ((lanes[0], _own(values_list)),)   # (a part: its own list)
+            else:
+                if type(values_list) is Columns:
+                    values_list = list(values_list)
+                parts = _partition(lanes, values_list, select_many(values_list))
             for lane, part in parts:      # one group per lane reached
                 lane.add_sized(part, pack)
                 g = lane.join(parent, roots, getrandbits)
@@ -697,6 +705,11 @@ def _partition(lanes: list[Lane], values_list: Sequence[Sequence[Any]],
     for i in set(targets):
         out.append((lanes[i], list(compress(values_list, map(eq, targets, repeat(i))))))
     return out
+
+
+def _own(values_list: Sequence[Sequence[Any]]) -> list[Sequence[Any]] | Columns:
+    """A copy of an emitted values list that the lane keeps (the caller may reuse its own)."""
+    return values_list.copy() if type(values_list) is Columns else list(values_list)
 
 
 _NEVER = -(1 << 62)    # a lane's ``nsized`` that no batch length can equal

@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 import msgpack
 
-from topo.api import FieldIndex, Origin, WireTuple
+from topo.api import Columns, FieldIndex, Origin, TupleBatch, WireTuple, interleave
 from runtime.local.acker import new_group
 from runtime.local.outbox import array_header_len
 
@@ -226,6 +226,8 @@ class TupleCodec:
         """The groups of ``batch`` and, with ``pack``, its wire size: each group's values are
         then packed here, once, and travel as those bytes (the size is what the outbox's
         ``batch_bytes`` gives: the values' encodings without the list headers)."""
+        if type(batch) is TupleBatch and all(_one_group(r) for r in batch.runs):
+            return TupleCodec._encode_runs(batch, pack)
         origins = list(map(_origin, batch))
         if origins.count(origins[0]) == len(origins):      # (identity first: one origin, C speed)
             runs = [(origins[0], batch)]
@@ -260,25 +262,52 @@ class TupleCodec:
             groups.append(group)
         return groups, nbytes
 
-    def decode(self, groups: list[Any]) -> list[Any]:
+    @staticmethod
+    def _encode_runs(batch: TupleBatch, pack: Callable[[Any], bytes] | None) -> tuple[list[Any], int]:
+        """``encode_sized`` of a batch kept as runs, each untracked or of one ack group: a
+        group per run, read off the run (no tuple objects)."""
+        groups = []
+        nbytes = 0
+        for values, o, anchors, born, cell, _ in batch.runs:
+            n = len(values)
+            rows: Any = list(values) if type(values) is Columns else values
+            if pack is not None:
+                rows = pack(rows)
+                nbytes += len(rows) - array_header_len(n)
+            group = [o.component, o.stream, o.task, rows, None, None]
+            if anchors:
+                group[4:] = [anchors, born, cell[1]]
+            groups.append(group)
+        return groups, nbytes
+
+    def decode(self, groups: list[Any]) -> list[Any] | TupleBatch:
+        """The batch sent: its untracked groups and those of one ack group as runs (a
+        ``TupleBatch`` when there is nothing else), tuples made only for the others."""
         out: list[Any] = []
-        origins = self._origins
+        runs = []
+        n = 0
         for comp, stream, task, values, anchors, borns, *sizes in groups:
             if isinstance(values, bytes):            # packed by ``encode_sized``
                 values = msgpack.unpackb(values, raw=False, strict_map_key=False)
-            key = (comp, stream, task)
-            origin = origins.get(key)
-            if origin is None:
-                origin = origins[key] = Origin(self._fields[(comp, stream)], stream, comp, task)
+            origin = self._origin(comp, stream, task)
+            n += len(values)
             if anchors is None:
-                out += map(WireTuple, zip(values, repeat(origin), repeat(None), repeat(0.0), repeat(None)))
+                runs.append([values, origin, None, 0.0, None, len(out)])
             elif isinstance(anchors, dict):          # one ack group: anchors, born, size once
-                cell = self._arrived(anchors, sizes[0], len(values))
-                out += map(WireTuple, zip(values, repeat(origin), repeat(anchors), repeat(borns), repeat(cell)))
+                runs.append([values, origin, anchors, borns, self._arrived(anchors, sizes[0], len(values)), len(out)])
             else:
                 cells = [[0] if a else None for a in anchors] if not sizes else self._cells(anchors, sizes[0])
                 out += map(WireTuple, zip(values, repeat(origin), anchors, borns, cells))
-        return out
+        if not out:
+            return TupleBatch(runs, n)
+        return interleave(out, runs) if runs else out
+
+    def _origin(self, comp: str, stream: str, task: int) -> Origin:
+        key = (comp, stream, task)
+        origin = self._origins.get(key)
+        if origin is None:
+            origin = self._origins[key] = Origin(self._fields[(comp, stream)], stream, comp, task)
+        return origin
 
     def _arrived(self, anchors: dict[int, int], size: int, count: int) -> Any:
         """``count`` more tuples of the ack group with ``anchors`` (of ``size`` tuples in all)
@@ -302,6 +331,11 @@ class TupleCodec:
 
 
 _origin, _anchors, _values, _born, _cell = (attrgetter(a) for a in ("origin", "anchors", "values", "born", "ackcell"))
+
+
+def _one_group(run: list[Any]) -> bool:
+    """Whether a run's tuples are untracked or share one ack group (batch granularity)."""
+    return run[2] is None or (run[4] is not None and len(run[4]) == 2)
 
 
 class AckForwarder:

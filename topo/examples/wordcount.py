@@ -11,12 +11,12 @@ import argparse
 import random
 import re
 from collections import Counter
-from itertools import repeat
+from itertools import chain, repeat
 from operator import mod
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from topo.api import Bolt, EndOfStream, Spout, SpoutOutputCollector, TaskContext, Tuple, column
+from topo.api import Bolt, Columns, EndOfStream, Spout, SpoutOutputCollector, TaskContext, Tuple, column
 from topo.sources.base import OffsetSource, check_range
 from topo.sources.spouts import OffsetSpout
 
@@ -128,7 +128,7 @@ class SentenceSpout(OffsetSpout):
         ids = range(offset * p + k, end * p + k, p)
         sentences = self._source.sentences       # sentence i is sentences[i % n] (C-level maps)
         picked = map(sentences.__getitem__, map(mod, ids, repeat(len(sentences))))
-        self.collector.emit_many(list(zip(picked)), msg_ids=ids)     # [(sentence,), ...]
+        self.collector.emit_many(Columns(list(picked)), msg_ids=ids)     # the "sentence" column
         self.seq = end
 
     def snapshot_state(self) -> dict[str, int]:
@@ -151,14 +151,12 @@ class BatchSplitBolt(SplitBolt):
     each word anchored to its sentence."""
 
     def execute_batch(self, tuples: Sequence[Tuple]) -> None:
-        findall = _WORD.findall
-        words: list[str] = []
-        parents: list[Tuple] = []
-        for tup, sentence in zip(tuples, column(tuples, "sentence")):
-            ws = findall(sentence.lower())
-            words += ws
-            parents += [tup] * len(ws)
-        self.collector.emit_many(list(zip(words)), anchor_each=parents)   # [(word,), ...]
+        # C-level maps, no Python loop per sentence: each sentence's words, then one
+        # parent per word (its sentence, repeated once per word of it)
+        per_sentence = list(map(_WORD.findall, map(str.lower, column(tuples, "sentence"))))
+        words = list(chain.from_iterable(per_sentence))
+        parents = list(chain.from_iterable(map(repeat, tuples, map(len, per_sentence))))
+        self.collector.emit_many(Columns(words), anchor_each=parents)       # the "word" column
 
 
 class CountBolt(Bolt):
