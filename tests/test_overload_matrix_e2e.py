@@ -16,7 +16,11 @@ ZooKeeper: the overload is made to happen, then lifted, and the test asserts
 ``backpressure.release_window_ms`` (the matrix's ``stepwise+flat``), and (b), (c), (e)
 and (f) with the settings of the matrix's ``stepwise+search`` (``bracket_search``) and
 again with those of ``stepwise+slopes`` (``bracket_interpolate`` too); there ``originv`` may have been raised once (a source overloading again as soon as it
-was let go), and the return is to the ``originv`` in force.
+was let go), and the return is to the ``originv`` in force. (c) and (f), the scenarios with a
+relay bolt, run once more with ``stepwise+hops`` (``hold_starved_upstream`` too: the slow task
+does not release the relay while the relay, throttling the spout, is starved): the chain must
+still unwind from the top, every limit back to ``originv``. In the other scenarios every upstream
+is a spout and the setting changes nothing.
 
 Nothing here asserts on wall time; the waits only bound a hang.
 """
@@ -109,10 +113,15 @@ SETTINGS = {"": {}, "flat": {"backpressure.flat_queue_holds": True, "backpressur
             # the matrix's stepwise+slopes row
             "slopes": {"backpressure.fine_steps": 16, "backpressure.bracket_search": True,
                        "backpressure.release_window_ms": 50, "backpressure.queue_smoothing_ms": 50,
-                       "backpressure.bracket_interpolate": True}}
+                       "backpressure.bracket_interpolate": True},
+            # the matrix's stepwise+hops row
+            "hops": {"backpressure.fine_steps": 16, "backpressure.bracket_search": True,
+                     "backpressure.release_window_ms": 50, "backpressure.queue_smoothing_ms": 50,
+                     "backpressure.bracket_interpolate": True, "backpressure.hold_starved_upstream": True}}
 CASES = [(k, False, "") for k in BUILD] + [("a", True, ""), ("b", True, ""), ("d", False, "flat"),
                                            ("e", False, "flat")] + [(k, False, "search") for k in "bcef"] + [
-                                           (k, False, "slopes") for k in "bcef"]
+                                           (k, False, "slopes") for k in "bcef"] + [
+                                           (k, False, "hops") for k in "cf"]
 
 
 def _config(acking: bool, settings: str = "") -> Any:

@@ -1191,3 +1191,134 @@ def test_bracket_light_window_and_interpolate_come_from_the_config_and_are_off_b
     assert p.bracket_light_window == 0.2 and p.bracket_interpolate
     with pytest.raises(ValueError, match="bracket_light_window"):
         StepwiseParams(bracket_light_window=-1.0)
+
+
+# -- hold_starved_upstream (a setting; off in the document) --------------------------------------------
+
+IDLE = LOW // 32          # the most a starved relay's queue holds
+
+
+class Relay:
+    """What a downstream sees of an upstream bolt: its throttle and, as published, its queue and holds."""
+
+    def __init__(self, w: World, u: int) -> None:
+        self.th = w.throttle(u)
+        self.queue: int | None = 0          # None: a spout
+        self.holding = True
+        w.view = self.view                  # type: ignore[method-assign]
+
+    def view(self, u: int) -> UpstreamView:
+        return replace(view_of(self.th), queue_bytes=self.queue, holding=self.holding)
+
+
+def _held_once(params: StepwiseParams = replace(P, hold_starved=True)) -> tuple[World, Downstream, Relay]:
+    w = World(params, rates={1: 8_000.0})
+    relay = Relay(w, 1)
+    d = Downstream(10, [1], params, now=0.0)
+    w.check(d, 0.0, HIGH)
+    assert relay.th.k == 1
+    return w, d, relay
+
+
+def test_hold_starved_no_release_of_a_relay_bolt_starved_by_its_own_backpressure() -> None:
+    w, d, relay = _held_once()
+    t = 0.0
+    while t < 10.0:                           # light for five windows, the relay idle and holding its spout
+        t = round(t + 0.1, 1)
+        tick(w, d, t, 0)
+    assert relay.th.k == 1 and not [s for s in w.sent if s.kind == RELEASE]
+    relay.queue = IDLE + 1                    # its limit binds again: its queue builds
+    while relay.th.k and t < 20.0:
+        t = round(t + 0.1, 1)
+        tick(w, d, t, 0)
+    assert relay.th.k == 0 and relay.th.rate is None and relay.th.nominal_rate == 8_000.0 == relay.th.originv
+
+
+def test_hold_starved_a_relay_holding_nothing_is_released_so_the_chain_unwinds_from_the_top() -> None:
+    w, d, relay = _held_once()
+    for t in (0.5, 1.0, 1.5, 2.0, 2.5):
+        tick(w, d, t, 0)
+    assert relay.th.k == 1
+    relay.holding = False                     # its own upstream let go: its idle queue is the offered load
+    t = _until_released(w, d, relay.th, 2.5, 0, limit=10.0)
+    assert relay.th.k == 0 and relay.th.rate is None and relay.th.originv == 8_000.0
+
+
+def test_hold_starved_window_edge_the_release_needs_a_whole_light_window_after_the_withheld_one() -> None:
+    w, d, relay = _held_once()
+    for t in (0.5, 1.0, 1.5, 2.0):            # the low mark held from 0.5 s
+        tick(w, d, t, 0)
+    tick(w, d, 2.5, 0)                        # a whole sensitivity: withheld, the window starts again
+    assert relay.th.k == 1 and d.low_since == 2.5
+    relay.queue = LOW                         # busy again at once
+    tick(w, d, 4.25, 0)                       # 1.75 s of the new window: not yet
+    assert relay.th.k == 1
+    tick(w, d, 4.5, 0)                        # exactly a sensitivity after the withheld check
+    assert relay.th.k == 0
+
+
+def test_hold_starved_a_spout_and_the_default_release_as_before() -> None:
+    for params, queue in ((replace(P, hold_starved=True), None),      # a spout: no queue published
+                          (P, 0)):                                     # the setting off
+        w, d, relay = _held_once(params)
+        relay.queue = queue
+        for t in (0.5, 1.0, 1.5, 2.0, 2.5):
+            tick(w, d, t, 0)
+        released = [s for s in w.sent if s.kind == RELEASE]
+        assert released and released[0].k == 0 and relay.th.k == 0, (params.hold_starved, queue)
+
+
+def test_hold_starved_a_clock_stepped_back_does_not_shorten_the_window_after_a_withheld_check() -> None:
+    w, d, relay = _held_once()
+    for t in (0.5, 1.0, 1.5, 2.0, 2.5):
+        tick(w, d, t, 0)
+    assert d.low_since == 2.5                 # withheld at 2.5 s
+    relay.queue = LOW
+    for t in (1.0, 2.0, 3.0, 4.0, 4.4):       # the clock went back 1.5 s: no window has elapsed yet
+        tick(w, d, t, 0)
+        assert relay.th.k == 1, t
+    tick(w, d, 4.5, 0)
+    assert relay.th.k == 0
+
+
+def test_hold_starved_of_light_siblings_the_leader_releases_once_the_relay_binds_again() -> None:
+    w, a, th, params = _sloped(hold_starved=True)
+    relay = Relay(w, 1)
+    b = Downstream(11, [1], params, 0.0)
+    w.check(a, 0.0, HIGH)                     # a: 16
+    w.check(b, 0.2, HIGH)                     # b, a sensitivity later: 16 more
+    assert th.k == 32 and th.holds == {10: 16, 11: 16}
+    t = 0.2
+    while t < 2.0:                            # both light, the relay starved: nobody releases
+        t = round(t + 0.01, 2)
+        tick(w, a, t, 0)
+        tick(w, b, t, 0)
+    assert th.k == 32
+    relay.queue = LOW
+    while th.k == 32 and t < 4.0:
+        t = round(t + 0.01, 2)
+        tick(w, a, t, 0)
+        tick(w, b, t, 0)
+    assert th.holds == {11: 16}               # a (tie, the lower id) released all it held, b nothing yet
+
+
+def test_hold_starved_peer_states_carry_a_bolts_queue_and_holds_and_not_a_spouts() -> None:
+    peers, _ = _peers()
+    bolt = TaskState(task=5, spout=False, queue_bytes=300, holds={1: 2}, version=(7, 1))
+    spout = TaskState(task=6, spout=True, queue_bytes=0, version=(8, 1))
+    peers.update(5, bolt, 1.0, lambda t: 0.0)
+    peers.update(6, spout, 1.0, lambda t: 0.0)
+    v5, v6 = peers.view(5), peers.view(6)
+    assert v5 is not None and v6 is not None
+    assert (v5.queue_bytes, v5.holding) == (300, True) and v5.starved(LOW) == (300 <= LOW / 32)
+    assert v6.queue_bytes is None and not v6.starved(LOW)
+    restarted = TaskState(task=5, spout=False, queue_bytes=0, holds={}, version=(9, 1))   # a new run
+    peers.update(5, restarted, 2.0, lambda t: 0.0)
+    v5 = peers.view(5)
+    assert v5 is not None and not v5.holding and not v5.starved(LOW)   # it holds nothing: released
+
+
+def test_hold_starved_upstream_comes_from_the_config_and_is_off_by_default() -> None:
+    from topo.config import resolve
+    assert not StepwiseParams.from_config(resolve({})).hold_starved
+    assert StepwiseParams.from_config(resolve({"backpressure.hold_starved_upstream": True})).hold_starved

@@ -187,6 +187,20 @@ Two settings of the bracket search (off in the document)
     the source creeps down from its free rate 1 part at a time while its queue sits at the
     bound.
 
+Light evidence across two hops (a setting; off in the document)
+---------------------------------------------------------------
+``hold_starved``: a light task does not release an upstream that is a bolt starved by its own
+backpressure: its published state shows its input queue idle (at most 1/32 of the low mark) while it
+holds steps on its own upstreams. Such a bolt emits what it receives, not what its limit allows, so a
+light queue under it says nothing of that limit: releasing it (and, under ``bracket_search``, reading
+"light" at that rate) lets its limit climb past the capacity, and once its own upstream is let go the
+queue below fills to the hard bound (scenarios (c) and (f): a relay bolt between the spout and the slow
+task). The light window starts again, as after a release; the release goes out at the first light window
+in which the bolt's queue is not idle (its limit binds again) or it holds nothing (the episode above it
+ended, so a chain unwinds from the top and every limit still comes back to ``originv``). A spout, or an
+upstream whose state is not published, is released as before. The state is the one last published (a
+heartbeat, or a change of rate or acknowledgements), so it may be that old.
+
 Two more settings (off in the document)
 ---------------------------------------
 * ``release_window``: the low mark must hold this long (instead of ``sensitivity``)
@@ -234,6 +248,7 @@ class StepwiseParams:
     bracket_search: bool = False        # with fine_steps: each move halves the bracket of rates seen (below)
     bracket_light_window: float = 0.0   # bracket_search: the light window (s) while a rate is known to overload
     bracket_interpolate: bool = False   # bracket_search: move to where the queue's slopes put the capacity
+    hold_starved: bool = False          # no release of an upstream bolt starved by its own backpressure
     hard_bound: int | None = None       # queue bytes at which emit waits (None: 2 x high_mark)
 
     def __post_init__(self) -> None:
@@ -286,6 +301,7 @@ class StepwiseParams:
                    bracket_search=bool(config.get("backpressure.bracket_search", False)),
                    bracket_light_window=float(config.get("backpressure.bracket_light_window_ms", 0.0)) / 1000.0,
                    bracket_interpolate=bool(config.get("backpressure.bracket_interpolate", False)),
+                   hold_starved=bool(config.get("backpressure.hold_starved_upstream", False)),
                    hard_bound=None if config.get("queue.hard_bound") is None else int(config["queue.hard_bound"]))
 
 
@@ -308,6 +324,13 @@ class UpstreamView:
     stepped_at: float | None = None
     stepped_by: int = -1
     originv: float | None = None        # the rate its k counts steps from (None: not published)
+    queue_bytes: int | None = None      # its input queue (None: a spout, or not published)
+    holding: bool = False               # it holds steps on its own upstreams
+
+    def starved(self, low_mark: int) -> bool:
+        """``hold_starved``: a bolt whose queue is idle (at most 1/32 of the low mark) while it holds its
+        own upstreams back emits what it receives, not what its limit allows."""
+        return self.holding and self.queue_bytes is not None and self.queue_bytes <= low_mark / 32
 
 
 _NO_VIEW = UpstreamView()
@@ -469,18 +492,22 @@ class Downstream:
             self.level = LIGHT
             self.blocked, self.retry_at = set(), None
             released = False
+            starved = False
             for u, h in list(self.holds.items()):
                 if h > 0 and u not in self.pending:
                     v = view(u)
                     if p.bracket_search and v is not None and not self._leads(v, h):
                         continue      # the sibling holding the most steps releases for the component
+                    if p.hold_starved and v is not None and v.starved(p.low_mark):
+                        starved = True    # its limit is not in use: this light queue says nothing of it
+                        continue
                     out.append(self._move(u, RELEASE, now, None if v is None else v.k, queue_bytes,
                                           None if v is None else v.originv))
                     released = True
             for u in self.upstreams:          # light and holding nothing: the episode is over for u
                 if u not in self.holds and u not in self.pending and self._searched(u):
                     self.ended_at.setdefault(u, now)
-            if released:
+            if released or starved:
                 self.low_since = now      # each further step up needs a fresh light window
                 self.low_min = self.low_max = queue_bytes
                 self.step_level = None
@@ -919,7 +946,8 @@ class PeerStates:
         self.states[task] = state
         self.views[task] = UpstreamView(
             state.k, state.at_floor, state.applied, state.granted,
-            None if state.step_age is None else now - state.step_age, state.stepped_by, state.originv)
+            None if state.step_age is None else now - state.step_age, state.stepped_by, state.originv,
+            None if state.spout else state.queue_bytes, any(h > 0 for h in state.holds.values()))
         for tid, th in self.throttles.items():
             held = state.holds.get(tid, 0)
             if held or task in th.holds:
