@@ -212,3 +212,27 @@ def test_emit_many_of_columns_is_checked_sized_and_sent_as_columns() -> None:
     batch, nbytes = _sent(outbox, queue)
     assert type(batch) is TupleBatch and nbytes == _wire_size([[w] for w in words])
     assert batch.column("word") == words and [t.values for t in batch] == [(w,) for w in words]
+
+
+@pytest.mark.parametrize("targets", [[7, 8], [7, 8, 9]])
+def test_columns_into_several_tasks_are_split_by_the_fields_rule_and_stay_columns(targets: list[int]) -> None:
+    import random
+
+    from topo.groupings import FieldsGrouping, fields_task_index
+
+    router = FieldsGrouping("word").router(targets, FIELDS, rng=random.Random(1))
+    queues = {t: ByteQueue(1 << 20) for t in targets}
+    outbox = Outbox("split", 3, {"default": StreamRoutes(FIELDS, [router])}, queues, 10_000, 0.001)
+    words = [f"k{i % 37}" * (1 + i % 5) for i in range(500)]
+    outbox.untracked_many["default"](Columns(words), 0.0)
+    asyncio.run(outbox.flush())
+    got = {}
+    for t, q in queues.items():
+        item = q.get_nowait()
+        assert item is not None
+        batch, nbytes = item
+        assert type(batch) is TupleBatch and type(batch.runs[0][0]) is Columns
+        assert nbytes == _wire_size([[w] for w in batch.column("word")])
+        got[t] = batch.column("word")
+    for t in targets:      # each task its words, in emission order, by the per-tuple rule
+        assert got[t] == [w for w in words if targets[fields_task_index([w], len(targets))] == t]

@@ -330,6 +330,14 @@ def column(tuples: Sequence[Tuple], name: str) -> list[Any]:
     any other sequence of tuples (a harness's list)."""
     if type(tuples) is TupleBatch:
         return tuples.column(name)
+    if not tuples:
+        return []
+    fields = tuples[0].origin.fields
+    index = fields.index.get(name)
+    if index is not None:     # the first tuple's position, for every tuple of the same fields
+        out = [t.values[index] for t in tuples if t.origin.fields is fields]
+        if len(out) == len(tuples):
+            return out
     return [t[name] for t in tuples]
 
 

@@ -401,8 +401,6 @@ class Outbox:
                     outbox.pending_count += len(values_list)
                     return
             elif len(lanes) <= _PARTITION_LANES:   # each lane's share picked out by C-level maps
-                if type(values_list) is Columns:
-                    values_list = list(values_list)
                 parts = _partition(lanes, values_list, select_many(values_list))
             else:                   # each tuple appended to its lane's batch, by C-level maps too
                 tuples = map(WireTuple, zip(values_list, repeat(origin), repeat(None), repeat(born), repeat(None)))
@@ -555,8 +553,6 @@ class Outbox:
             if len(lanes) == 1:
                 parts: Iterable[tuple[Lane, Any]] = ((lanes[0], _own(values_list)),)   # (a part: its own list)
             else:
-                if type(values_list) is Columns:
-                    values_list = list(values_list)
                 parts = _partition(lanes, values_list, select_many(values_list))
             for lane, part in parts:      # one group per lane reached
                 lane.add_sized(part, pack)
@@ -693,18 +689,26 @@ _PARTITION_LANES = 8   # up to this many lanes an emit_many picks each lane's sh
 
 
 def _partition(lanes: list[Lane], values_list: Sequence[Sequence[Any]],
-               targets: Iterable[int]) -> list[tuple[Lane, list[Sequence[Any]]]]:
+               targets: Iterable[int]) -> list[tuple[Lane, list[Sequence[Any]] | Columns]]:
     """Each reached lane with its share of ``values_list`` (``targets[i]``: the lane index of
-    ``values_list[i]``), in order, one C-level pass per lane."""
+    ``values_list[i]``), in order, one C-level pass per lane (and per column of ``Columns``,
+    whose share is ``Columns`` again: no row is kept)."""
     targets = list(targets)
     if len(lanes) == 2:
-        ones = list(compress(values_list, targets))
-        zeros = list(compress(values_list, map(not_, targets)))
+        ones = _pick(values_list, targets)
+        zeros = _pick(values_list, list(map(not_, targets)))
         return [(lane, part) for lane, part in ((lanes[0], zeros), (lanes[1], ones)) if part]
     out = []
     for i in set(targets):
-        out.append((lanes[i], list(compress(values_list, map(eq, targets, repeat(i))))))
+        out.append((lanes[i], _pick(values_list, list(map(eq, targets, repeat(i))))))
     return out
+
+
+def _pick(values_list: Sequence[Sequence[Any]], mask: list[Any]) -> list[Sequence[Any]] | Columns:
+    """The values whose ``mask`` entry is true, as a new list (or new ``Columns``)."""
+    if type(values_list) is Columns:
+        return Columns(*[list(compress(c, mask)) for c in values_list.columns])
+    return list(compress(values_list, mask))
 
 
 def _own(values_list: Sequence[Sequence[Any]]) -> list[Sequence[Any]] | Columns:
