@@ -114,6 +114,30 @@ def test_a7_rate_is_coefficient_times_max_rate_and_lower_never_faster() -> None:
     assert rc.rate() == 200.0 and rc.send_interval(0.001) > 0.002
 
 
+def test_a7_the_max_rate_is_measured_at_the_first_step() -> None:
+    rc = RateCoefficient(P)
+    assert rc.check({1: FlagView("b", True, 1)}, {"b": 1}, observed=5000.0).coefficient == 0.9
+    assert rc.max_rate == 5000.0 and rc.rate() == 4500.0
+    rc.check({1: FlagView("b", True, 2)}, {"b": 1}, observed=4500.0)    # held by its limit: kept
+    assert rc.max_rate == 5000.0 and rc.rate() == pytest.approx(4000.0)
+
+
+def test_a7b_a_step_cuts_the_rate_the_upstream_sends_when_something_else_holds_it() -> None:
+    """The max rate an endless spout shows while it fills empty queues is far over what the
+    bottleneck takes; once the hard bound holds it at 1,000/s, a step must cut that rate."""
+    rc = RateCoefficient(P)
+    rc.check({1: FlagView("b", True, 1)}, {"b": 1}, observed=25_000.0)  # the start-up burst
+    assert rc.rate() == pytest.approx(22_500.0)
+    ch = rc.check({1: FlagView("b", True, 2)}, {"b": 1}, observed=1_000.0)   # held at 1,000/s by the bound
+    assert ch is not None and ch.coefficient == 0.8
+    assert rc.max_rate == pytest.approx(1_000.0 / 0.9) and rc.rate() == pytest.approx(800.0 / 0.9)
+    assert rc.rate() < 1_000.0                                       # the step bites
+    rc.check({1: FlagView("b", False, 2)}, {"b": 1}, observed=0.0)
+    assert rc.max_rate == pytest.approx(1_000.0 / 0.9)               # no flag added: not measured
+    rc.check({1: FlagView("b", True, 3)}, {"b": 1}, observed=0.0)    # a stalled upstream: kept (never 0)
+    assert rc.max_rate == pytest.approx(1_000.0 / 0.9)
+
+
 def test_a8_scale_out_at_the_floor_with_half_the_tasks_flagged() -> None:
     rc = RateCoefficient(P)
     rc.coefficient = 0.2
@@ -177,10 +201,29 @@ def test_a10_balancer_moves_share_from_the_fullest_to_the_emptiest() -> None:
     assert sum(b.shares.values()) == pytest.approx(1.0) and b.shares[14] > 0
 
 
-def test_a6_a_removed_flag_gives_back_every_step_its_episode_took() -> None:
+def test_a6_a_removed_flag_gives_back_one_step() -> None:
     rc = RateCoefficient(P)
     for gen in (1, 2, 3):                                   # A5 re-adds while the overload lasts
         rc.check({1: FlagView("b", True, gen), 2: FlagView("b", True, 1)}, {"b": 2})
     assert rc.coefficient == 0.6                             # 3 steps for task 1, 1 for task 2
-    assert rc.check({1: FlagView("b", False, 3), 2: FlagView("b", True, 1)}, {"b": 2}).coefficient == 0.9
-    assert rc.check({1: FlagView("b", False, 3), 2: FlagView("b", False, 1)}, {"b": 2}).coefficient == 1.0
+    assert rc.check({1: FlagView("b", False, 3), 2: FlagView("b", True, 1)}, {"b": 2}).coefficient == 0.7
+    assert rc.check({1: FlagView("b", False, 3), 2: FlagView("b", True, 1)}, {"b": 2}) is None   # 2 still flagged
+    assert rc.check({1: FlagView("b", False, 3), 2: FlagView("b", False, 1)}, {"b": 2}).coefficient == 0.8
+
+
+def test_a6b_each_check_with_no_downstream_flag_gives_back_one_more_step_until_full_speed() -> None:
+    rc = RateCoefficient(P)
+    rc.max_rate = 1000.0
+    for gen in (1, 2, 3, 4):
+        rc.check({1: FlagView("b", True, gen)}, {"b": 1})
+    assert rc.coefficient == 0.6 and rc.rate() == 600.0
+    clear = {1: FlagView("b", False, 4)}
+    seen = [rc.check(clear, {"b": 1}).coefficient]           # the removal: one step
+    while (ch := rc.check(clear, {"b": 1})) is not None:      # then one per check, not all at once
+        seen.append(ch.coefficient)
+    assert seen == [0.7, 0.8, 0.9, 1.0] and rc.rate() is None  # the limiter off only at the end
+    assert rc.check(clear, {"b": 1}) is None                  # at 1.0: nothing more
+    rc.check({1: FlagView("b", True, 5)}, {"b": 1})
+    assert rc.coefficient == 0.9
+    unrelated = {1: FlagView("b", True, 5), 2: FlagView("c", False, 0)}
+    assert rc.check(unrelated, {"b": 1, "c": 1}) is None      # one downstream still flagged: no step

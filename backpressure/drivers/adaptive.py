@@ -10,7 +10,8 @@ Glue, not policy (the rules are ``policy.adaptive``'s, A1-A10):
 * every ``check_interval`` each upstream task (a spout, or a bolt something
   subscribes to) checks its direct downstream tasks' flags (``RateCoefficient``):
   its limit becomes ``coefficient x max rate`` (the rate it had before its first
-  step), the limiter goes off at 1.0; it counts one signal received per change;
+  step, measured again at a step it was sending under its limit: A7b), the limiter
+  goes off at 1.0; it counts one signal received per change;
 * scale requests go through ``Autoscaler`` (max parallelism, cool-down, scale in)
   to ``self.scaler`` (``seams.Scaler``) when the engine gave one (the local engine
   does, in one process); otherwise each decision is logged and counted in
@@ -145,13 +146,10 @@ class AdaptiveFlowControl:
             if up not in self.handles:
                 continue                                  # another worker's task: governed there
             flags = {d: v for d in self.downstream.get(up, ()) if (v := self._flag(d)) is not None}
-            before = rc.coefficient
-            ch = rc.check(flags, parallel)
+            h = self.handles[up]
+            ch = rc.check(flags, parallel, observed=h.observed_rate())    # A7, A7b: measured at a step
             if ch is None:
                 continue
-            h = self.handles[up]
-            if rc.coefficient < 1.0 and (before >= 1.0 or not rc.max_rate):
-                rc.max_rate = h.observed_rate()          # A7: the rate before the first step
             h.count_signal("received", BACKPRESSURE if ch.added else RELEASE)
             self._apply_rate(h, rc)
             for comp in ch.scale_out:

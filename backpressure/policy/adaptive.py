@@ -47,18 +47,35 @@ Rules (each is a test in ``tests/test_adaptive_policy.py`` named after it)
   per half window while the overload lasts.
 * **A6 rate coefficient** (S702-S710): an upstream counts the flags of its direct
   downstream tasks; each flag added lowers its coefficient by
-  ``coefficient_step``, each removed raises it by the steps its adds took (one, or
-  more after A5 re-adds), up to 1.0 (limiter off). The
+  ``coefficient_step``, each removed raises it by one ``coefficient_step`` (S706),
+  up to 1.0 (limiter off). The
   floor is ``preset_coefficient``: S708 read literally ("coefficient >= 0.2:
   lower it") would go to 0.1; the claim calls it a lower limit, so here the
   coefficient never goes under it, and an add that cannot lower it is "at the
   floor".
+* **A6b the way back is one step per check** (the description's reading of the
+  periodic check: the upstream "periodically checks whether its downstream tasks have
+  removed the flag, and if so" raises its rate by one step): every check that finds
+  none of its downstream tasks flagged raises the coefficient by one step until 1.0,
+  so the steps an episode took (more than one after A5 re-adds) come back one per
+  check. Giving them all back with the removal (as before) turned the limiter off at
+  once, and an endless spout refilled its downstream queue to the hard bound before
+  the next flag: the queue swung between the low mark and the bound.
 * **A7 send interval** (S-claims 5-6 and the worked example): the document says
   the interval is "coefficient x average time per tuple" but also that
   coefficient 1 is the maximum rate, and read literally a lower coefficient would
   shorten the interval and speed the sender up. Reconstructed: the interval per
   tuple is ``average time / coefficient``, so the rate is ``coefficient x max
   rate``; the max rate is the upstream's rate measured before its first step.
+* **A7b a step cuts the rate the upstream sends** (reconstruction: the document's
+  average time per tuple is a long-run figure, "one or more days", and a coefficient
+  is "a multiple of the employed rate and the maximum rate"): when a flag is added
+  while the upstream sends under its limit (something else holds it: a full queue's
+  hard bound, its own source), the max rate is measured again as
+  ``observed / coefficient``, so the step lowers what it actually sends. Without it
+  the max rate an endless spout showed in its first fraction of a second (filling
+  empty queues, 5x what the bottleneck takes in scenario b) made every step, down to
+  the floor, a limit above the bottleneck's rate: the queues stayed at their bound.
 * **A8 scale out** (S712-S714, claim 1): a flag added while the upstream is at the
   floor, with at least ``scale_ratio`` of the flagged task's component's parallel
   tasks flagged, asks for one more task of that component; ``Autoscaler`` grants
@@ -263,21 +280,21 @@ class RateCoefficient:
         self.coefficient = 1.0
         self.max_rate: float | None = None    # measured before the first step (A7)
         self._seen: dict[int, tuple[bool, int]] = {}
-        self._held: dict[int, int] = {}       # steps each downstream task's flag took
 
     @property
     def at_floor(self) -> bool:
         return self.coefficient - self.params.coefficient_step < self.params.preset_coefficient - _EPS
 
-    def check(self, flags: Mapping[int, FlagView], parallel: Mapping[str, int]) -> CoefficientChange | None:
+    def check(self, flags: Mapping[int, FlagView], parallel: Mapping[str, int],
+              observed: float | None = None) -> CoefficientChange | None:
         """The periodic check (S702-S716): flags added or removed since the last one.
 
-        A removed flag gives back every step its task's adds took (one, or more after
-        A5 re-adds), so a flag's whole episode is undone when it clears.
+        A removed flag gives back one step (A6); a check that finds no downstream task
+        flagged gives back one more (A6b), until 1.0. ``observed``: the upstream's rate
+        now, measured for A7 / A7b when a flag is added.
         """
         p = self.params
         added: list[tuple[int, str]] = []
-        freed = 0
         removed = 0
         for task, v in flags.items():
             was, gen = self._seen.get(task, (False, -1))
@@ -285,14 +302,17 @@ class RateCoefficient:
                 added.append((task, v.component))
             elif was and not v.flagged:
                 removed += 1
-                freed += self._held.pop(task, 0)
             self._seen[task] = (v.flagged, v.generation)
         for task in [t for t in self._seen if t not in flags]:     # a task gone: its flag with it
             if self._seen.pop(task)[0]:
                 removed += 1
-                freed += self._held.pop(task, 0)
         if not added and not removed:
+            if self.coefficient < 1.0 - _EPS and not any(v.flagged for v in flags.values()):
+                self.coefficient = _r(min(1.0, self.coefficient + p.coefficient_step))     # A6b
+                return CoefficientChange(self.coefficient, 0, 0)
             return None
+        if added and observed is not None:
+            self._measure(observed)
         scale: list[str] = []
         for task, comp in added:
             if self.at_floor:
@@ -302,9 +322,16 @@ class RateCoefficient:
                     scale.append(comp)
             else:
                 self.coefficient = _r(self.coefficient - p.coefficient_step)
-                self._held[task] = self._held.get(task, 0) + 1
-        self.coefficient = _r(min(1.0, self.coefficient + freed * p.coefficient_step))
+        self.coefficient = _r(min(1.0, self.coefficient + removed * p.coefficient_step))
         return CoefficientChange(self.coefficient, len(added), removed, tuple(scale))
+
+    def _measure(self, observed: float) -> None:
+        """A7: the max rate is the rate before the first step. A7b: at a later step, an
+        upstream sending under its limit has its max rate measured again."""
+        if self.coefficient >= 1.0 - _EPS or not self.max_rate:
+            self.max_rate = observed
+        elif 0 < observed < self.coefficient * self.max_rate - _EPS:
+            self.max_rate = observed / self.coefficient
 
     def rate(self) -> float | None:
         """A7: coefficient x max rate; None (limiter off) at 1.0 or with no max rate measured."""
