@@ -177,8 +177,10 @@ def test_a_tuple_batch_crosses_to_another_worker_as_runs_of_the_same_size() -> N
     assert nbytes == _wire_size([[w] for w in words] + [["a"], ["b"]]) == _outbox()[0].batch_bytes(batch)
     wire = msgpack.unpackb(msgpack.packb(["B", 1, nbytes, groups], use_bin_type=True), raw=False,
                            strict_map_key=False)
+    assert isinstance(groups[0][3], dict) and isinstance(groups[1][3], bytes)   # columns, rows
     back = codec.decode(wire[3])
     assert type(back) is TupleBatch and back.column("word") == words + ["a", "b"]
+    assert type(back.runs[0][0]) is Columns                  # no row made on the way
     assert [(t.anchors, t.born) for t in back][-2:] == [({11: 22}, 1.5)] * 2
     assert back[-1].ackcell is back[-2].ackcell and back[-1].ackcell[1] == 2   # one group here too
 

@@ -207,7 +207,9 @@ class TupleCodec:
     (an untracked one's ``born`` is 0.0, as its emit made it). Under batch granularity a
     group whose tuples all belong to one ack group carries that group's anchors, born and
     size once (``anchors`` is then a dict, not a list); otherwise a seventh column gives
-    each tuple's ack group size (0 for a tuple with an edge of its own)."""
+    each tuple's ack group size (0 for a tuple with an edge of its own). A run emitted as
+    ``Columns`` travels packed column by column (``{"columns": [bytes, ...]}``) and arrives
+    as ``Columns``: no row is made on either side."""
 
     def __init__(self, streams: dict[str, dict[str, tuple[str, ...]]]) -> None:
         self._fields = {(c, s): FieldIndex.of(f) for c, outs in streams.items() for s, f in outs.items()}
@@ -270,8 +272,14 @@ class TupleCodec:
         nbytes = 0
         for values, o, anchors, born, cell, _ in batch.runs:
             n = len(values)
-            rows: Any = list(values) if type(values) is Columns else values
-            if pack is not None:
+            rows: Any = values
+            if pack is None:
+                rows = list(values) if type(values) is Columns else values
+            elif type(values) is Columns:          # each column packed alone: {"columns": [bytes, ...]}
+                cols = [pack(c) for c in values.columns]
+                nbytes += sum(map(len, cols)) - len(cols) * array_header_len(n) + n * array_header_len(len(cols))
+                rows = {"columns": cols}
+            else:
                 rows = pack(rows)
                 nbytes += len(rows) - array_header_len(n)
             group = [o.component, o.stream, o.task, rows, None, None]
@@ -289,6 +297,8 @@ class TupleCodec:
         for comp, stream, task, values, anchors, borns, *sizes in groups:
             if isinstance(values, bytes):            # packed by ``encode_sized``
                 values = msgpack.unpackb(values, raw=False, strict_map_key=False)
+            elif isinstance(values, dict):           # ... column by column (a run of ``Columns``)
+                values = Columns(*[msgpack.unpackb(c, raw=False, strict_map_key=False) for c in values["columns"]])
             origin = self._origin(comp, stream, task)
             n += len(values)
             if anchors is None:
