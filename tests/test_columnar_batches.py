@@ -238,3 +238,12 @@ def test_columns_into_several_tasks_are_split_by_the_fields_rule_and_stay_column
         got[t] = batch.column("word")
     for t in targets:      # each task its words, in emission order, by the per-tuple rule
         assert got[t] == [w for w in words if targets[fields_task_index([w], len(targets))] == t]
+
+
+def test_an_empty_emit_many_leaves_nothing_to_send() -> None:
+    outbox, queue = _outbox()
+    outbox.untracked_many["default"]([], 0.0)
+    outbox.untracked_many["default"](Columns([]), 0.0)
+    assert not outbox.lanes[TARGET].runs and outbox.pending_count == 0
+    asyncio.run(outbox.flush())
+    assert queue.get_nowait() is None

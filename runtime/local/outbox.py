@@ -98,6 +98,8 @@ class Lane:
                 cell: AckGroup | None) -> None:
         """Keep ``values`` (a list the lane now owns) as one run; it extends the last run
         when nothing else came between them and they share everything but their values."""
+        if not values:
+            return
         runs = self.runs
         at = len(self.batch)
         self.run_count += len(values)
