@@ -271,7 +271,7 @@ class TupleBatch(_SequenceABC):  # type: ignore[type-arg]
         if out is None:
             out = []
             for r in self.runs:
-                out += map(WireTuple, zip(r[0], repeat(r[1]), repeat(r[2]), repeat(r[3]), repeat(r[4])))
+                out += run_tuples(r)
             self._tuples = out
         return out
 
@@ -316,12 +316,18 @@ def interleave(tuples: list[Tuple], runs: list[Run]) -> list[Tuple]:
     """``tuples`` with the tuples of each run made and placed where its ``at`` says (a new list)."""
     out: list[Tuple] = []
     done = 0
-    for values, origin, anchors, born, cell, at in runs:
+    for r in runs:
+        at = r[5]
         out += tuples[done:at]
         done = at
-        out += map(WireTuple, zip(values, repeat(origin), repeat(anchors), repeat(born), repeat(cell)))
+        out += run_tuples(r)
     out += tuples[done:]
     return out
+
+
+def run_tuples(run: Run) -> Iterator[Tuple]:
+    """The tuple objects of one run, made by C-level maps (each call makes new ones)."""
+    return map(WireTuple, zip(run[0], repeat(run[1]), repeat(run[2]), repeat(run[3]), repeat(run[4])))
 
 
 def column(tuples: Sequence[Tuple], name: str) -> list[Any]:

@@ -28,7 +28,7 @@ from __future__ import annotations
 from operator import attrgetter
 from typing import Callable, Sequence
 
-from topo.api import Tuple, TupleBatch
+from topo.api import Tuple, TupleBatch, run_tuples
 
 # The owner of a root: told (root, ok, reason) once its tree completes or fails.
 Outcome = Callable[[int, bool, str], None]
@@ -148,7 +148,7 @@ class Acker:
                 if not left:
                     self.ack(anchors, cell[0])
             else:                    # (a cell of one tuple's own edge: each tuple acked alone)
-                for tup in TupleBatch([run], len(run[0])):
+                for tup in run_tuples(run):
                     self.ack_tuple(anchors, tup.ackcell)
 
     def apply(self, root: int, xor: int) -> None:

@@ -85,9 +85,7 @@ class Lane:
         n = len(values_list)
         try:
             if type(values_list) is Columns:     # each column packed alone, each row's header added
-                cols = values_list.columns
-                self.nbytes += (sum(len(pack(c)) for c in cols) - len(cols) * array_header_len(n)
-                                + n * array_header_len(len(cols)))
+                self.nbytes += columns_wire_bytes([pack(c) for c in values_list.columns], n)
             else:
                 self.nbytes += len(pack(values_list)) - array_header_len(n)
         except (TypeError, ValueError, OverflowError):
@@ -724,3 +722,10 @@ _NEVER = -(1 << 62)    # a lane's ``nsized`` that no batch length can equal
 def array_header_len(n: int) -> int:
     """Bytes of msgpack's array header for ``n`` elements (fixarray, array 16, array 32)."""
     return 1 if n < 16 else 3 if n < 0x10000 else 5
+
+
+def columns_wire_bytes(packed: Sequence[bytes], rows: int) -> int:
+    """Wire size of ``rows`` tuples given as columns, each column packed alone: what packing
+    each row would give (the columns' encodings less their array headers, plus one row header
+    each), so the byte bound counts ``Columns`` as it counts rows."""
+    return sum(map(len, packed)) - len(packed) * array_header_len(rows) + rows * array_header_len(len(packed))

@@ -38,7 +38,7 @@ import msgpack
 
 from topo.api import Columns, FieldIndex, Origin, TupleBatch, WireTuple, interleave
 from runtime.local.acker import new_group
-from runtime.local.outbox import array_header_len
+from runtime.local.outbox import array_header_len, columns_wire_bytes
 
 log = logging.getLogger("topo.transport")
 
@@ -277,7 +277,7 @@ class TupleCodec:
                 rows = list(values) if type(values) is Columns else values
             elif type(values) is Columns:          # each column packed alone: {"columns": [bytes, ...]}
                 cols = [pack(c) for c in values.columns]
-                nbytes += sum(map(len, cols)) - len(cols) * array_header_len(n) + n * array_header_len(len(cols))
+                nbytes += columns_wire_bytes(cols, n)
                 rows = {"columns": cols}
             else:
                 rows = pack(rows)
