@@ -496,6 +496,79 @@ def goals(report: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def paced_cov(rate: float, duration: float, warmup: float) -> float | None:
+    """The rate CoV a perfectly paced spout would score: ``rate`` tuples/s emitted up to 4 per call
+    (as ``Source`` does), sampled every ``SAMPLE_S`` and binned as ``run_cell`` bins. What the
+    binning alone adds to a rate that does not change (the resolution of the CoV goal)."""
+    samples, i = [], 0
+    while i * SAMPLE_S <= duration:
+        t = i * SAMPLE_S
+        samples.append((t, 4 * int(rate * t / 4), 0, 0, None))
+        i += 1
+    return _cov(samples, warmup, duration)
+
+
+def spout_rate(series: list[list[Any]], lo: float, hi: float) -> float | None:
+    """Spout tuples/s between ``lo`` and ``hi`` seconds, from a run's stored ``series``."""
+    s = [x for x in series if lo <= x[0] <= hi]
+    return (s[-1][1] - s[0][1]) / (s[-1][0] - s[0][0]) if len(s) > 1 and s[-1][0] > s[0][0] else None
+
+
+def _at(series: list[list[Any]], t: float) -> list[Any]:
+    """The last stored sample at or before ``t`` seconds (the samples after the stop are the drain's)."""
+    return [x for x in series if x[0] <= t][-1]
+
+
+def diagnose(report: dict[str, Any], named: str = "stepwise+hops") -> str:
+    """Whether the CoV and fast-branch goals measure what they name, read from a run's JSON.
+
+    CoV: per cell the goal's threshold (a third of ``source_stop``'s), ``none``'s CoV (its spout
+    waits only on the hard bound, so its rate is what the bottleneck served), the lowest CoV any
+    stepwise run scored (a held limit), ``named``'s, and what a perfectly paced spout at ``named``'s
+    mean rate scores in these bins. Fast branch: the goal's whole-run ratio against ``none``'s,
+    beside the spout's rate after the warmup against ``none``'s (the part of the whole-run figure
+    that is not the queues filled before the warmup or still held at the stop), the tuples the spout
+    had emitted by the warmup and the slow sink's queue at the stop (the last sample before it)."""
+    cells, warmup = report["cells"], report["warmup_s"]
+    duration = {k: sc.duration for k, sc in SCENARIOS.items()}
+
+    def cell(c: dict[str, Any], policy: str) -> dict[str, Any] | None:
+        return next((x for x in cells if x["scenario"] == c["scenario"] and x["acking"] == c["acking"]
+                     and x["policy"] == policy and x.get("runs")), None)
+
+    def fmt(v: float | None, f: str = "{:.3f}") -> str:
+        return "-" if v is None else f.format(v)
+
+    rows = ["| cell | 1/3 source_stop | none | lowest stepwise run | " + named + " | perfectly paced |",
+            "|---|---|---|---|---|---|"]
+    fast = ["| cell | policy | whole-run ratio | after-warmup ratio | emitted by warmup | slow queue at the stop KB |",
+            "|---|---|---|---|---|---|"]
+    for c in cells:
+        if c["policy"] != "none" or not c.get("runs"):
+            continue
+        name = c["scenario"] + ("+ack" if c["acking"] else "")
+        ss, me = cell(c, "source_stop"), cell(c, named)
+        low = [r["rate_cov"] for p in ("stepwise", "stepwise+search", "stepwise+slopes", named)
+               if (x := cell(c, p)) for r in x["runs"] if r.get("rate_cov") is not None]
+        end = duration.get(c["scenario"], 0.0)
+        rates = [v for r in (me or {}).get("runs", []) if (v := spout_rate(r["series"], warmup, end))]
+        rows.append(f"| {name} | {fmt(ss and ss.get('rate_cov') and ss['rate_cov'] / 3)} | {fmt(c.get('rate_cov'))} | "
+                    f"{fmt(min(low) if low else None)} | {fmt(me and me.get('rate_cov'))} | "
+                    f"{fmt(paced_cov(statistics.fmean(rates), end, warmup) if rates else None)} |")
+        if c.get("fast_tps") is None:
+            continue
+        base = statistics.fmean(v for r in c["runs"] if (v := spout_rate(r["series"], warmup, end)))
+        for x in cells:
+            if x["scenario"] != c["scenario"] or x["acking"] != c["acking"] or not x.get("runs"):
+                continue
+            after = [v / base for r in x["runs"] if (v := spout_rate(r["series"], warmup, end))]
+            by_warmup = [next((s[1] for s in r["series"] if s[0] >= warmup), None) for r in x["runs"]]
+            fast.append(f"| {name} | {x['policy']} | {fmt(x.get('fast_ratio'))} | "
+                        f"{', '.join(fmt(a) for a in after)} | {', '.join(str(b) for b in by_warmup)} | "
+                        f"{', '.join(fmt(_at(r['series'], end)[2] / 1024, '{:.1f}') for r in x['runs'])} |")
+    return "\n".join(rows) + ("\n\n" + "\n".join(fast) if len(fast) > 2 else "")
+
+
 def plot(report: dict[str, Any], out_dir: Path) -> list[Path]:
     """One PNG per scenario (acking off): the spout's emit rate and the sink queue over time."""
     import matplotlib
@@ -547,6 +620,8 @@ def main(argv: list[str] | None = None) -> None:
         print(table(done))
         print()
         print(goals(done))
+        print()
+        print(diagnose(done))
         return
     policies = POLICIES + MATRIX_VARIANTS
     keys, repeat = args.scenarios.replace(",", "").strip(), args.repeat

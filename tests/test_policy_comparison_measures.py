@@ -1,0 +1,59 @@
+"""The overload matrix's own measures (bench/policy_comparison.py): what its rate CoV bins can
+resolve, and the diagnosis that reads the CoV and fast-branch goals from a run's JSON.
+
+Pure functions over made-up samples: no engine, no clock."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.policy_comparison import SAMPLE_S, _cov, diagnose, paced_cov, spout_rate  # noqa: E402
+
+
+def test_a_perfectly_paced_spout_scores_under_0_01_in_the_cov_bins() -> None:
+    # the slowest and fastest rates of the matrix: the bins resolve a steady rate to under 0.01
+    for rate in (1_250.0, 19_230.0):
+        cov = paced_cov(rate, 5.0, 1.5)
+        assert cov is not None and cov < 0.01
+
+
+def test_the_cov_bins_see_a_rate_that_alternates_every_bin() -> None:
+    samples, emitted = [], 0.0
+    for i in range(int(5.0 / SAMPLE_S) + 1):
+        t = i * SAMPLE_S
+        samples.append((t, int(round(emitted)), 0, 0, None))
+        emitted += (1_000.0 if int(round(t / 0.25, 6)) % 2 == 0 else 1_500.0) * SAMPLE_S
+    # 1,000 and 1,500 tuples/s in turn: a standard deviation of 250 around a mean of 1,250
+    assert _cov(samples, 1.5, 5.0) == 0.2
+
+
+def test_spout_rate_reads_the_stored_series_between_two_times() -> None:
+    series = [[t / 10, 600 * t, 0, None] for t in range(0, 61)]     # 6,000 tuples/s
+    assert spout_rate(series, 1.5, 5.0) == 6_000.0
+    assert spout_rate(series, 7.0, 8.0) is None
+
+
+def _run(rate: float, queue_at_stop: int) -> dict:
+    # samples every 100 ms to 5.0 s (the stop of scenario c), then the drain's, queue empty
+    series = [[round(t / 10, 1), int(rate * t / 10), queue_at_stop if t == 50 else 1_000, None]
+              for t in range(0, 51)]
+    series += [[5.5, int(rate * 5.0), 0, None], [6.0, int(rate * 5.0), 0, None]]
+    return {"series": series, "rate_cov": 0.1}
+
+
+def test_diagnose_reads_the_fast_branch_after_the_warmup_and_the_slow_queue_before_the_drain() -> None:
+    def cell(policy: str, rate: float, queue: int, fast_ratio: float) -> dict:
+        return {"scenario": "c", "acking": False, "policy": policy, "runs": [_run(rate, queue)],
+                "rate_cov": 0.3, "fast_tps": rate, "fast_ratio": fast_ratio}
+    report = {"warmup_s": 1.5, "cells": [cell("none", 6_000.0, 122_880, 1.0),
+                                         cell("source_stop", 6_000.0, 0, 1.0),
+                                         cell("stepwise+hops", 5_400.0, 30_720, 0.9)]}
+    out = diagnose(report)
+    hops = next(line for line in out.splitlines() if line.startswith("| c | stepwise+hops |"))
+    # after-warmup ratio 5,400 / 6,000; 1.5 s x 5,400 emitted by the warmup; 30 KB at the stop, not the drain's 0
+    assert hops == "| c | stepwise+hops | 0.900 | 0.900 | 8100 | 30.0 |"
+    cov = next(line for line in out.splitlines() if line.startswith("| c |") and "0.100" in line)
+    # a third of source_stop's 0.3; none's; the lowest stepwise run; the named one's; a paced spout's
+    assert cov.startswith("| c | 0.100 | 0.300 | 0.100 | 0.300 | ")
