@@ -525,7 +525,7 @@ def diagnose(report: dict[str, Any], named: str = "stepwise+hops") -> str:
     CoV: per cell the goal's threshold (a third of ``source_stop``'s), ``none``'s CoV (its spout
     waits only on the hard bound, so its rate is what the bottleneck served), the lowest CoV any
     stepwise run scored (a held limit), ``named``'s, and what a perfectly paced spout at ``named``'s
-    mean rate scores in these bins. Fast branch: the goal's whole-run ratio against ``none``'s,
+    mean rate scores in these bins. Fast branch: the goal's whole-run ratio against ``none``'s (and each run's),
     beside the spout's rate after the warmup against ``none``'s (the part of the whole-run figure
     that is not the queues filled before the warmup or still held at the stop), the tuples the spout
     had emitted by the warmup and the slow sink's queue at the stop (the last sample before it)."""
@@ -541,7 +541,7 @@ def diagnose(report: dict[str, Any], named: str = "stepwise+hops") -> str:
 
     rows = ["| cell | 1/3 source_stop | none | lowest stepwise run | " + named + " | perfectly paced |",
             "|---|---|---|---|---|---|"]
-    fast = ["| cell | policy | whole-run ratio | after-warmup ratio | emitted by warmup | slow queue at the stop KB |",
+    fast = ["| cell | policy | whole-run ratio (runs) | after-warmup ratio | emitted by warmup | slow queue at the stop KB |",
             "|---|---|---|---|---|---|"]
     for c in cells:
         if c["policy"] != "none" or not c.get("runs"):
@@ -563,7 +563,8 @@ def diagnose(report: dict[str, Any], named: str = "stepwise+hops") -> str:
                 continue
             after = [v / base for r in x["runs"] if (v := spout_rate(r["series"], warmup, end))]
             by_warmup = [next((s[1] for s in r["series"] if s[0] >= warmup), None) for r in x["runs"]]
-            fast.append(f"| {name} | {x['policy']} | {fmt(x.get('fast_ratio'))} | "
+            whole = [r["fast_tps"] / c["fast_tps"] for r in x["runs"] if r.get("fast_tps") is not None]
+            fast.append(f"| {name} | {x['policy']} | {fmt(x.get('fast_ratio'))} ({', '.join(fmt(w) for w in whole)}) | "
                         f"{', '.join(fmt(a) for a in after)} | {', '.join(str(b) for b in by_warmup)} | "
                         f"{', '.join(fmt(_at(r['series'], end)[2] / 1024, '{:.1f}') for r in x['runs'])} |")
     return "\n".join(rows) + ("\n\n" + "\n".join(fast) if len(fast) > 2 else "")

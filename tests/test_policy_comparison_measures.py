@@ -40,7 +40,7 @@ def _run(rate: float, queue_at_stop: int) -> dict:
     series = [[round(t / 10, 1), int(rate * t / 10), queue_at_stop if t == 50 else 1_000, None]
               for t in range(0, 51)]
     series += [[5.5, int(rate * 5.0), 0, None], [6.0, int(rate * 5.0), 0, None]]
-    return {"series": series, "rate_cov": 0.1}
+    return {"series": series, "rate_cov": 0.1, "fast_tps": rate}
 
 
 def test_diagnose_reads_the_fast_branch_after_the_warmup_and_the_slow_queue_before_the_drain() -> None:
@@ -53,7 +53,7 @@ def test_diagnose_reads_the_fast_branch_after_the_warmup_and_the_slow_queue_befo
     out = diagnose(report)
     hops = next(line for line in out.splitlines() if line.startswith("| c | stepwise+hops |"))
     # after-warmup ratio 5,400 / 6,000; 1.5 s x 5,400 emitted by the warmup; 30 KB at the stop, not the drain's 0
-    assert hops == "| c | stepwise+hops | 0.900 | 0.900 | 8100 | 30.0 |"
+    assert hops == "| c | stepwise+hops | 0.900 (0.900) | 0.900 | 8100 | 30.0 |"
     cov = next(line for line in out.splitlines() if line.startswith("| c |") and "0.100" in line)
     # a third of source_stop's 0.3; none's; the lowest stepwise run; the named one's; a paced spout's
     assert cov.startswith("| c | 0.100 | 0.300 | 0.100 | 0.300 | ")
