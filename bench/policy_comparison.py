@@ -57,7 +57,10 @@ after the drain):
 * ``fast_tps`` (c only): tuples/s of the fast branch; ``fast_ratio`` against
   ``none`` in the same scenario (with an endless source and nothing dropped, no
   policy can let the fast branch run further ahead of the slow one than its
-  queues allow, so ``none``'s figure is the unloaded one here).
+  queues allow, so ``none``'s figure is the unloaded one here). Over a 5 s run that figure
+  includes the slow branch's queues filled to the hard bound, so a policy that holds them
+  between the marks scores under 1.0 by what they do not hold at the stop (``--report``
+  prints each run's ratio beside its slow queue at the stop).
 
 ``python -m bench policy_comparison [--quick] [--repeat N] [--scenarios aceg]
 [--policies stepwise,stepwise+search]`` writes ``bench/results/policy_comparison.json``
