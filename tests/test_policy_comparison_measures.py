@@ -57,3 +57,11 @@ def test_diagnose_reads_the_fast_branch_after_the_warmup_and_the_slow_queue_befo
     cov = next(line for line in out.splitlines() if line.startswith("| c |") and "0.100" in line)
     # a third of source_stop's 0.3; none's; the lowest stepwise run; the named one's; a paced spout's
     assert cov.startswith("| c | 0.100 | 0.300 | 0.100 | 0.300 | ")
+
+
+def test_report_of_the_stored_matrix_prints_the_diagnosis(capsys) -> None:
+    from bench.policy_comparison import RESULTS, main
+    main(["--report", str(RESULTS / "policy_comparison.json")])
+    out = capsys.readouterr().out
+    assert "| cell | 1/3 source_stop | none |" in out
+    assert "| c | stepwise+hops |" in out and "| c+ack | none | 1.000" in out
