@@ -307,6 +307,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("spark.sink", "sqlite:topo-results.db", _str, "where terminal streams go: sqlite:PATH, postgresql://..., or none"),
     Setting("spark.checkpoint_dir", None, _str, "streaming checkpoint (keep it to resume a run); null uses a temporary one",
             nullable=True),
+    Setting("spark.checkpoint_file_manager", "auto", _str, "what writes the offset and commit logs: auto (Spark's "
+            "FileSystem-based manager for a local checkpoint, Spark's default elsewhere), filesystem, or spark",
+            choices=("auto", "filesystem", "spark")),
     Setting("spark.state_dir", None, _str, "directory for the rate files the source reader reads; null uses a temporary one",
             nullable=True),
     Setting("spark.shared_dir", None, _str, "on a multi-machine cluster: a directory every worker and the driver mount at "

@@ -58,6 +58,7 @@ from runtime.spark.datasource import SOURCE_NAME, OffsetDataSource, source_optio
 from runtime.spark.listener import (BatchRecord, RateFeedback, SourceControl, SubmissionTicker,
                                     make_listener, next_boundary)
 from runtime.spark.bolts import FAILURE_PREFIX
+from runtime.spark.checkpoint_log import use_manager
 from runtime.spark.placement import check as check_placement
 from runtime.spark.placement import executor_workdir, is_local, on_this_machine
 from runtime.spark.plan import build, needs_tws, stage_plans, terminal_streams
@@ -159,6 +160,7 @@ def run(topology: Topology, config: Mapping[str, Any] | None = None, *, master: 
         Path(state_dir).mkdir(parents=True, exist_ok=True)
         checkpoint = cfg["spark.checkpoint_dir"] or _default_checkpoint(stack, cfg, temp_dir, master_url, stateful)
         core_num = _configure(spark, cfg, plans, own_session)
+        use_manager(stack, spark, cfg["spark.checkpoint_file_manager"], checkpoint)
 
         stats, options, feedback = _rate_control(topology, cfg, interval_s, core_num, state_dir)
         for opts in options.values():
