@@ -270,3 +270,27 @@ async def test_session_expiry_mid_run_keeps_rates_and_reconciles(backend: Backen
         assert spout.history == [2_000.0]           # expiry of the throttled task's own session changes nothing
         bolt.q = 0
         await until(lambda: spout.limit is None, 10, what="release works after both expiries")
+
+
+@pytest.mark.parametrize("hold_starved", [True, False])
+async def test_hold_starved_a_relay_holding_its_upstream_publishes_when_its_queue_runs_idle(
+        backend: Backend, hold_starved: bool) -> None:
+    from dataclasses import replace
+    params = replace(PARAMS, hold_starved=hold_starved)
+    spout, relay = FakeTask(1, "spout", rate=4_000.0), FakeTask(2, "relay", [1])
+    fc = StepwiseFlowControl(params, backend.coordinator(), period=0.02, heartbeat=30.0, grace=1.5)
+    relay.q = HIGH                                # published at the start; no heartbeat after that
+    await fc.start([spout, relay])
+    try:
+        fc.poll(relay)                            # the relay steps the spout: it holds a step
+        await until(lambda: spout.limit == 2_000.0 and 2 in fc.states and fc.states[2].queue_bytes == HIGH,
+                    what="stepped")
+        relay.q = 0                               # it runs idle: nothing else publishes (no heartbeat)
+        fc.poll(relay)
+        if hold_starved:
+            await until(lambda: fc.states[2].queue_bytes == 0, 1.0, what="the idle queue published")
+        else:
+            await asyncio.sleep(0.05)             # the timer observes it idle meanwhile: no publish
+            assert fc.states[2].queue_bytes == HIGH
+    finally:
+        await fc.stop()

@@ -1257,6 +1257,19 @@ def test_hold_starved_window_edge_the_release_needs_a_whole_light_window_after_t
     assert relay.th.k == 0
 
 
+def test_hold_starved_a_relay_seen_idle_at_any_time_in_the_light_window_is_starved_for_it() -> None:
+    w, d, relay = _held_once()
+    relay.queue = LOW                         # fed at every check, as the latest state shows it
+    relay.idle_at = 0.7                       # but a state showing it idle came 0.2 s into the window
+    real = relay.view
+    w.view = lambda u: replace(real(u), idle_at=relay.idle_at)   # type: ignore[method-assign]
+    for t in (0.5, 1.0, 1.5, 2.0, 2.5):       # the low mark held from 0.5 s: withheld at 2.5 s
+        tick(w, d, t, 0)
+    assert relay.th.k == 1 and d.low_since == 2.5
+    tick(w, d, 4.5, 0)                        # a whole window in which it was never seen idle
+    assert relay.th.k == 0
+
+
 def test_hold_starved_a_spout_and_the_default_release_as_before() -> None:
     for params, queue in ((replace(P, hold_starved=True), None),      # a spout: no queue published
                           (P, 0)):                                     # the setting off
@@ -1316,6 +1329,21 @@ def test_hold_starved_peer_states_carry_a_bolts_queue_and_holds_and_not_a_spouts
     peers.update(5, restarted, 2.0, lambda t: 0.0)
     v5 = peers.view(5)
     assert v5 is not None and not v5.holding and not v5.starved(LOW)   # it holds nothing: released
+
+
+def test_hold_starved_peer_states_record_when_a_bolts_queue_was_last_seen_idle() -> None:
+    peers, _ = _peers()
+    idle = TaskState(task=5, spout=False, queue_bytes=LOW // 32, low_mark=LOW, holds={1: 2}, version=(7, 1))
+    fed = replace(idle, queue_bytes=LOW // 32 + 1, version=(7, 2))
+    peers.update(5, idle, 1.0, lambda t: 0.0)
+    peers.update(5, fed, 1.5, lambda t: 0.0)
+    v = peers.view(5)
+    assert v is not None and v.idle_at == 1.0
+    assert v.starved(LOW, since=0.9) and not v.starved(LOW, since=1.1) and not v.starved(LOW)
+    spout = TaskState(task=6, spout=True, queue_bytes=0, low_mark=LOW, version=(8, 1))
+    peers.update(6, spout, 2.0, lambda t: 0.0)
+    v6 = peers.view(6)
+    assert v6 is not None and v6.idle_at is None
 
 
 def test_hold_starved_upstream_comes_from_the_config_and_is_off_by_default() -> None:

@@ -16,7 +16,9 @@ with a ``Coordinator`` carrying what they say to each other.
   re-publishes on a heartbeat (queue bytes for ``topo status``, and its ``holds``,
   which repair any lost message). Holds are deliberately *not* published the
   moment they change: the document's message path stays the fast path and the
-  state is the repair path.
+  state is the repair path. Under ``hold_starved`` a bolt holding its upstreams
+  also publishes when its queue runs idle (at most every quarter light window), so
+  its downstreams' light windows see every idle spell, not the heartbeat's.
 * What a published state means (version ordering, which throttles to reconcile,
   forgetting a task whose state stayed gone for ``grace``) is the pure
   ``policy.stepwise.PeerStates``'s decision; the timer asks it which gone tasks
@@ -68,6 +70,8 @@ class StepwiseFlowControl:
         self._version = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._running = False
+        self._idle: dict[int, bool] = {}               # hold_starved: bolt task -> its queue was idle
+        self._idle_published: dict[int, float] = {}    # hold_starved: when it last published for that
 
     @property
     def states(self) -> dict[int, TaskState]:
@@ -97,8 +101,20 @@ class StepwiseFlowControl:
             return
         now = self.clock()
         q = handle.queue_bytes()
+        self._watch_idle(d, now, q)
         if d.observe(now, q):
             self._check(d, now, q)
+
+    def _watch_idle(self, d: Downstream, now: float, q: int) -> None:
+        """``hold_starved``: a bolt holding its upstreams publishes at once when its queue runs idle (at most
+        every quarter light window), so a downstream's light window knows whether it was starved in it."""
+        idle = q <= self.params.low_mark / 32
+        was = self._idle.get(d.task_id, False)
+        self._idle[d.task_id] = idle
+        if (idle and not was and d.wants and self.params.hold_starved
+                and now - self._idle_published.get(d.task_id, -1e9) >= self.params.light_window / 4):
+            self._idle_published[d.task_id] = now
+            self._publish(d.task_id)
 
     async def stop(self) -> None:
         if not self._running:
@@ -189,6 +205,7 @@ class StepwiseFlowControl:
             self._carry_out(self.peers.expire(now, self._rate_of))
             for task_id, d in self.downstreams.items():
                 q = self.handles[task_id].queue_bytes()
+                self._watch_idle(d, now, q)
                 if d.observe(now, q):
                     self._check(d, now, q)
             if now >= next_beat:

@@ -199,7 +199,11 @@ task). The light window starts again, as after a release; the release goes out a
 in which the bolt's queue is not idle (its limit binds again) or it holds nothing (the episode above it
 ended, so a chain unwinds from the top and every limit still comes back to ``originv``). A spout, or an
 upstream whose state is not published, is released as before. The state is the one last published (a
-heartbeat, or a change of rate or acknowledgements), so it may be that old.
+heartbeat, a change of rate or acknowledgements, or the bolt's queue running idle while it holds steps:
+the runtime publishes that at once), and a bolt seen idle at any time in the light window (``PeerStates``
+notes when a state showing it idle arrived) counts as starved for that window: a relay draining the last
+of its backlog into an idle spell is not binding for most of the window, and a light window read over it
+let the search climb past the capacity (c).
 
 Two more settings (off in the document)
 ---------------------------------------
@@ -326,11 +330,16 @@ class UpstreamView:
     originv: float | None = None        # the rate its k counts steps from (None: not published)
     queue_bytes: int | None = None      # its input queue (None: a spout, or not published)
     holding: bool = False               # it holds steps on its own upstreams
+    idle_at: float | None = None        # the last state that showed its queue idle arrived then
 
-    def starved(self, low_mark: int) -> bool:
+    def starved(self, low_mark: int, since: float | None = None) -> bool:
         """``hold_starved``: a bolt whose queue is idle (at most 1/32 of the low mark) while it holds its
-        own upstreams back emits what it receives, not what its limit allows."""
-        return self.holding and self.queue_bytes is not None and self.queue_bytes <= low_mark / 32
+        own upstreams back emits what it receives, not what its limit allows. With ``since`` (the start
+        of a light window): idle at any time since then, as its published states showed it."""
+        if not self.holding or self.queue_bytes is None:
+            return False
+        return self.queue_bytes <= low_mark / 32 or (
+            since is not None and self.idle_at is not None and self.idle_at >= since)
 
 
 _NO_VIEW = UpstreamView()
@@ -498,7 +507,7 @@ class Downstream:
                     v = view(u)
                     if p.bracket_search and v is not None and not self._leads(v, h):
                         continue      # the sibling holding the most steps releases for the component
-                    if p.hold_starved and v is not None and v.starved(p.low_mark):
+                    if p.hold_starved and v is not None and v.starved(p.low_mark, self.low_since):
                         starved = True    # its limit is not in use: this light queue says nothing of it
                         continue
                     out.append(self._move(u, RELEASE, now, None if v is None else v.k, queue_bytes,
@@ -916,6 +925,7 @@ class PeerStates:
         self.views: dict[int, UpstreamView] = {}
         self.gone_since: dict[int, float] = {}
         self.retired: dict[int, set[int]] = {}      # task -> runs a newer run replaced
+        self.idle_at: dict[int, float] = {}         # bolt task -> when a state showing its queue idle came
 
     def alive(self, task: int) -> bool:
         """Whether ``task`` is one of ours or has a published state (signals from others are dropped)."""
@@ -944,10 +954,13 @@ class PeerStates:
         if old is not None and old.version[0] != run:
             self.retired.setdefault(task, set()).add(old.version[0])
         self.states[task] = state
+        if not state.spout and state.queue_bytes <= state.low_mark / 32:
+            self.idle_at[task] = now
         self.views[task] = UpstreamView(
             state.k, state.at_floor, state.applied, state.granted,
             None if state.step_age is None else now - state.step_age, state.stepped_by, state.originv,
-            None if state.spout else state.queue_bytes, any(h > 0 for h in state.holds.values()))
+            None if state.spout else state.queue_bytes, any(h > 0 for h in state.holds.values()),
+            self.idle_at.get(task))
         for tid, th in self.throttles.items():
             held = state.holds.get(tid, 0)
             if held or task in th.holds:
