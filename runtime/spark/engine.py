@@ -176,12 +176,11 @@ def run(topology: Topology, config: Mapping[str, Any] | None = None, *, master: 
         stack.callback(sink.close)
         writer = _BatchWriter(sink, streams, checkpoint)
         started, query = _start_query(stack, spark, result_df, f"{topology.name}-{uuid.uuid4().hex[:8]}",
-                                      feedback, None if cfg["spark.sink"] == "none" else writer, interval_s,
-                                      checkpoint)
+                                      feedback, writer, interval_s, checkpoint)
         reason = _wait(query, feedback, started, duration, max_tuples, handle_signals, log_file)
         elapsed = time.time() - started
         return SparkRunResult(reason, list(feedback.batches), list(stats.values()), feedback.input_rows, elapsed,
-                              cfg["spark.rate_control"], writer.query_id or _read_query_id(checkpoint),
+                              cfg["spark.rate_control"], writer.query_id,
                               checkpoint if cfg["spark.checkpoint_dir"] else "", cfg["spark.sink"],
                               log_file=log_file, shipped=shipped)
 
@@ -341,19 +340,14 @@ class _BatchWriter:
 
 
 def _start_query(stack: contextlib.ExitStack, spark: Any, result_df: Any, name: str, feedback: RateFeedback,
-                 writer: _BatchWriter | None, interval_s: float, checkpoint: str) -> tuple[float, Any]:
+                 writer: _BatchWriter, interval_s: float, checkpoint: str) -> tuple[float, Any]:
     """Listener, streaming query and submission ticker, each stopped at the end;
-    returns (start time, query). Without a writer (``spark.sink: none``) the query ends
-    in Spark's ``noop`` sink: every row is still computed, but no batch is collected
-    to the driver and handed to Python (a ``foreachBatch`` call and an Arrow transfer
-    per trigger, for a sink that drops them)."""
+    returns (start time, query)."""
     listener = make_listener(feedback, name)
     stack.callback(spark.streams.removeListener, listener)
     spark.streams.addListener(listener)
     started = feedback.origin = time.time()
-    stream = result_df.writeStream.queryName(name)
-    stream = stream.format("noop") if writer is None else stream.foreachBatch(writer.write_batch)
-    query = (stream
+    query = (result_df.writeStream.queryName(name).foreachBatch(writer.write_batch)
              .trigger(processingTime=f"{int(round(interval_s * 1000))} milliseconds")
              .option("checkpointLocation", checkpoint).start())
     stack.callback(_stop_query, query)
