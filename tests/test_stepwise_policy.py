@@ -1350,3 +1350,29 @@ def test_hold_starved_upstream_comes_from_the_config_and_is_off_by_default() -> 
     from topo.config import resolve
     assert not StepwiseParams.from_config(resolve({})).hold_starved
     assert StepwiseParams.from_config(resolve({"backpressure.hold_starved_upstream": True})).hold_starved
+
+
+def test_release_below_overload_releases_one_part_at_a_time_for_sensitivity_after_light_where_it_overloaded() -> None:
+    def ks(flag: bool, light_level: int) -> list[int]:
+        params = StepwiseParams(step=0.5, high_mark=HIGH, low_mark=LOW, sensitivity=2.0, rate_floor=1.0,
+                                fine_steps=8, bracket_search=True, release_window=0.25,
+                                release_below_overload=flag)
+        w = World(params, rates={1: 20_000.0})
+        d, th = Downstream(10, [1], params, 0.0), w.throttle(1)
+        w.check(d, 0.0, HIGH)             # 8
+        w.check(d, 2.0, HIGH)             # over at 8: 16
+        w.check(d, 2.75, light_level)
+        w.check(d, 3.0, light_level)      # light at 16: 12
+        w.check(d, 3.5, HIGH)             # over at 12: 14
+        out = []
+        for i in range(12):               # light windows of 0.25 s from 3.75 on
+            w.check(d, 3.75 + 0.25 * i, light_level)
+            out.append(th.k)
+        return out
+    doubling = [14, 13, 12, 11, 9, 5, 0, 0, 0, 0, 0, 0]
+    # light at 14 -> 13 -> 12; at 12, where it overloaded (t 4.5), the plain search doubles 1, 2, 4, 8 parts
+    assert ks(False, LOW // 4) == doubling
+    # the setting moves one part per window until sensitivity (2 s) has passed since then, then doubles
+    assert ks(True, LOW // 4) == [14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 2]
+    # a queue that stayed idle in the windows (the capacity rose well past the rate) still doubles
+    assert ks(True, 0) == doubling

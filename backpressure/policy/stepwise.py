@@ -205,6 +205,14 @@ notes when a state showing it idle arrived) counts as starved for that window: a
 of its backlog into an idle spell is not binding for most of the window, and a light window read over it
 let the search climb past the capacity (c).
 
+``release_below_overload`` (with ``bracket_search``; off in the document): a light window read at a rate
+that overloaded drops that side of the bracket and releases one part, and the plain search doubles the
+next releases (2, 4, 8 parts). A rate found overloading may sit at the capacity itself, where a short
+light window (``release_window``) misses its slow rise: the doubling then overshoots the capacity. With
+this setting each release for ``sensitivity`` after such a window is one part, unless the queue stayed idle
+in the window (under 1/32 of the low mark: the rate is well under the capacity, which rose); then doubling
+resumes, so a capacity that really rose is still reached.
+
 Two more settings (off in the document)
 ---------------------------------------
 * ``release_window``: the low mark must hold this long (instead of ``sensitivity``)
@@ -253,6 +261,7 @@ class StepwiseParams:
     bracket_light_window: float = 0.0   # bracket_search: the light window (s) while a rate is known to overload
     bracket_interpolate: bool = False   # bracket_search: move to where the queue's slopes put the capacity
     hold_starved: bool = False          # no release of an upstream bolt starved by its own backpressure
+    release_below_overload: bool = False  # bracket_search: one part per release just after light read where it overloaded
     hard_bound: int | None = None       # queue bytes at which emit waits (None: 2 x high_mark)
 
     def __post_init__(self) -> None:
@@ -306,6 +315,7 @@ class StepwiseParams:
                    bracket_light_window=float(config.get("backpressure.bracket_light_window_ms", 0.0)) / 1000.0,
                    bracket_interpolate=bool(config.get("backpressure.bracket_interpolate", False)),
                    hold_starved=bool(config.get("backpressure.hold_starved_upstream", False)),
+                   release_below_overload=bool(config.get("backpressure.release_below_overload", False)),
                    hard_bound=None if config.get("queue.hard_bound") is None else int(config["queue.hard_bound"]))
 
 
@@ -372,6 +382,7 @@ class Downstream:
         self.light: dict[int, int] = {}       # bracket_search: smallest upstream k seen light
         self.creep: dict[int, int] = {}       # bracket_search: the last step down after a contradiction
         self.rise: dict[int, int] = {}        # bracket_search: the last step up after a contradiction
+        self.overloaded: dict[int, float] = {}   # release_below_overload: when light was read where it overloaded
         self.others_seen: dict[int, int] = {} # bracket_search: steps the other downstreams held, last seen
         self.over_slope: dict[int, float] = {}   # bracket_interpolate: bytes/s the queue rose at k = over
         self.light_slope: dict[int, float] = {}  # bracket_interpolate: bytes/s the queue fell at k = light
@@ -635,7 +646,7 @@ class Downstream:
         whole = p.fine_steps
         ended = self.ended_at.pop(u, None) if kind == BACKPRESSURE else None
         if kind == BACKPRESSURE and k == 0 and (ended is None or now - ended >= p.originv_memory):
-            for side in (self.over, self.light, self.creep, self.rise, self.over_slope, self.light_slope):
+            for side in (self.over, self.light, self.creep, self.rise, self.over_slope, self.light_slope, self.overloaded):
                 side.pop(u, None)                 # a new episode: nothing known yet
         slope = self._slope(u, kind, k, now, level) if p.bracket_interpolate else None
         if p.bracket_interpolate and originv is not None:
@@ -664,9 +675,14 @@ class Downstream:
             rise = self.rise.pop(u, None)
             if over is not None and over >= k:
                 rise, over = 1, None              # light where it overloaded: the same, upwards
+                self.overloaded[u] = now
             elif rise is not None and over is None:
                 rise = min(whole, 2 * rise)
             if rise is not None:
+                seen = self.overloaded.get(u)
+                if (p.release_below_overload and seen is not None and now - seen < p.sensitivity
+                        and self.low_max > p.low_mark / 32):
+                    rise = 1    # light just read at a rate that overloaded, queue not idle: near the capacity
                 target = k - rise
                 self.rise[u] = rise
             elif over is not None and slope is not None and (up := self.over_slope.get(u)) and k - over > 2:
