@@ -9,8 +9,9 @@ policy acts many times per run: high 64 KB, low 16 KB, hard bound 128 KB,
 ``sensitivity`` 200 ms; the water-mark policy gets the same marks as fractions of
 the hard bound and checks every 200 ms, so the policies differ in their rules, not
 in their thresholds; ``adaptive`` likewise starts at those fractions and checks every
-200 ms, with a 2 s backpressure window (its autoscaling is decided but not carried
-out by the engine yet). Tuples carry about 120 bytes on the wire (a 100-byte pad).
+200 ms, with a 2 s backpressure window; its autoscaling is decided but not carried
+out (``autoscale: false``: a task added to a sink would add to the scenario's capacity).
+Tuples carry about 120 bytes on the wire (a 100-byte pad).
 
 Scenarios (``C``: what the slow stage manages, tuples/s):
 
@@ -139,7 +140,7 @@ BASE = {"queue.high_mark": "64KB", "queue.low_mark": "16KB", "queue.hard_bound":
         "backpressure.water_mark.check_interval_ms": 200,
         "backpressure.adaptive.high": 0.5, "backpressure.adaptive.high_min": 0.5,
         "backpressure.adaptive.low": 0.125, "backpressure.adaptive.check_interval_ms": 200,
-        "backpressure.adaptive.window_ms": 2000}
+        "backpressure.adaptive.window_ms": 2000, "backpressure.adaptive.autoscale": "false"}
 
 
 class Box:

@@ -227,3 +227,259 @@ def test_a6b_each_check_with_no_downstream_flag_gives_back_one_more_step_until_f
     assert rc.coefficient == 0.9
     unrelated = {1: FlagView("b", True, 5), 2: FlagView("c", False, 0)}
     assert rc.check(unrelated, {"b": 1, "c": 1}) is None      # one downstream still flagged: no step
+
+
+# --- A7c / A7d: the max rate is what the system takes ------------------------------------------
+
+def test_a7c_a_flag_added_takes_the_max_rate_from_what_the_flagged_component_executes() -> None:
+    """The upstream's own rate (a start-up burst, 20,000/s) is not what the flagged task takes
+    (1,500/s): with a meter, the first step sends 0.9 of the latter, so the queue drains."""
+    rc = RateCoefficient(P)
+    ch = rc.check({1: FlagView("sink", True, 1, 0)}, {"sink": 1}, observed=20_000.0, taken={"sink": 1_500.0})
+    assert ch is not None and ch.coefficient == 0.9 and not ch.remeasured
+    assert rc.max_rate == 1_500.0 and rc.rate() == pytest.approx(1_350.0)
+
+
+def test_a7c_the_slowest_flagged_component_sets_the_max_rate() -> None:
+    rc = RateCoefficient(P)
+    flags = {1: FlagView("fast", True, 1, 0), 2: FlagView("slow", True, 1, 0)}
+    rc.check(flags, {"fast": 1, "slow": 1}, taken={"fast": 9_000.0, "slow": 1_000.0})
+    assert rc.max_rate == 1_000.0 and rc.coefficient == pytest.approx(0.8)
+
+
+def test_a7c_measured_again_while_flagged_and_only_while_flagged() -> None:
+    rc = RateCoefficient(P)
+    rc.check({1: FlagView("sink", True, 1, 0)}, {"sink": 1}, taken={"sink": 5_000.0})
+    assert rc.check({1: FlagView("sink", True, 1, 0)}, {"sink": 1}, taken={"sink": 5_050.0}) is None  # noise
+    assert rc.max_rate == 5_000.0
+    ch = rc.check({1: FlagView("sink", True, 1, 0)}, {"sink": 1}, taken={"sink": 1_250.0})   # capacity drops
+    assert ch is not None and ch.remeasured and ch.added == 0 and ch.coefficient == 0.9
+    assert rc.rate() == pytest.approx(1_125.0)
+    # an unflagged component may idle: what it executes is what it was sent, not its capacity
+    two = {1: FlagView("sink", True, 1, 0), 2: FlagView("side", False, 0, 0)}
+    assert rc.check(two, {"sink": 1, "side": 1}, taken={"sink": 1_250.0, "side": 300.0}) is None
+    assert rc.max_rate == 1_250.0
+    ch = rc.check({1: FlagView("sink", False, 1, 1)}, {"sink": 1}, taken={"sink": 600.0})
+    assert ch is not None and not ch.remeasured and rc.max_rate == 1_250.0
+
+
+def test_a7d_back_at_one_a_metered_upstream_sends_at_the_max_rate_until_the_downstream_idles() -> None:
+    rc = RateCoefficient(P)
+    rc.check({1: FlagView("sink", True, 1, 0)}, {"sink": 1}, taken={"sink": 1_500.0})
+    ch = rc.check({1: FlagView("sink", False, 1, 1)}, {"sink": 1}, idle=False)
+    assert ch is not None and ch.coefficient == 1.0
+    assert rc.rate() == 1_500.0                                  # coefficient 1 = the max rate, not off
+    assert rc.check({1: FlagView("sink", False, 1, 1)}, {"sink": 1}, idle=False) is None   # holds
+    assert rc.check({1: FlagView("sink", False, 1, 1)}, {"sink": 1}, idle=True) is not None
+    assert rc.rate() is None and rc.max_rate is None             # idle: the system takes more: off
+
+
+def test_a7d_an_idle_downstream_doubles_the_metered_rate_until_the_upstreams_own_rate() -> None:
+    rc = RateCoefficient(P)
+    rc.check({1: FlagView("sink", True, 1, 0)}, {"sink": 1}, observed=10_000.0, taken={"sink": 1_250.0})
+    rc.check({1: FlagView("sink", False, 1, 1)}, {"sink": 1}, idle=False)
+    assert rc.coefficient == 1.0 and rc.rate() == 1_250.0
+    clear = {1: FlagView("sink", False, 1, 1)}
+    seen = []
+    while rc.check(clear, {"sink": 1}, idle=True) is not None:
+        seen.append(rc.rate())
+    assert seen == [2_500.0, 5_000.0, None]                     # 10,000 would reach its own rate: off
+
+
+def test_a7d_an_unmetered_upstream_turns_its_limiter_off_at_one() -> None:
+    rc = RateCoefficient(P)
+    rc.check({1: FlagView("sink", True, 1)}, {"sink": 1}, observed=2_000.0)    # no meter: A7
+    rc.check({1: FlagView("sink", False, 1)}, {"sink": 1})
+    assert rc.coefficient == 1.0 and rc.rate() is None
+
+
+# --- adversarial cases of 004's rules ----------------------------------------------------------
+
+def test_a6_siblings_flagging_on_either_side_of_a_check_step_once_each() -> None:
+    """Two tasks of one component flag: two steps whether one check sees both or each its own
+    (one step per check, or per component, would give 0.9)."""
+    together = RateCoefficient(P)
+    both = {1: FlagView("b", True, 1, 0), 2: FlagView("b", True, 1, 0)}
+    assert together.check(both, {"b": 2}).coefficient == 0.8
+    apart = RateCoefficient(P)
+    apart.check({1: FlagView("b", True, 1, 0), 2: FlagView("b", False, 0, 0)}, {"b": 2})
+    assert apart.check(both, {"b": 2}).coefficient == 0.8
+    assert apart.check(both, {"b": 2}) is None                    # nothing new: no third step
+
+
+def test_a3_a_busy_spell_across_the_edge_of_a_period_still_raises() -> None:
+    """The window is the last full period on the sample grid, not a tumbling one: 3 samples
+    over the mark at the end of one period and 2 at the start of the next are 5 of 10."""
+    m = TaskMarks(P)                                   # 10 s, 10 samples
+    for t in range(7):
+        m.observe(float(t), 0.3)                       # between the marks: nothing moves
+    for t in (7, 8, 9):
+        assert not m.observe(float(t), 0.75).raised
+    assert not m.observe(10.0, 0.75).raised           # 4 of the last 10
+    ch = m.observe(11.0, 0.75)
+    assert ch.raised and (m.first_threshold, m.second_threshold) == (0.8, 0.3)
+
+
+def test_a3_an_observation_between_grid_points_adds_no_sample() -> None:
+    """Uniform samples: observing ten times within one grid interval counts once."""
+    m = TaskMarks(P)
+    for i in range(10):
+        ch = m.observe(0.05 * i, 0.75)
+    assert not ch.raised and m.window.time_ratio == pytest.approx(0.1)
+
+
+def test_a6_a_flag_removed_and_added_again_between_two_checks_is_one_of_each() -> None:
+    m = TaskMarks(P)
+    rc = RateCoefficient(P)
+    view = lambda: {1: FlagView("b", m.flagged, m.generation, m.removals)}   # noqa: E731
+    m.observe(0.0, 0.75)
+    assert rc.check(view(), {"b": 1}).coefficient == 0.9
+    m.observe(0.1, 0.1)                                # removed ...
+    m.observe(0.2, 0.75)                               # ... and added again before the next check
+    ch = rc.check(view(), {"b": 1})
+    assert ch is not None and (ch.added, ch.removed) == (1, 1) and ch.coefficient == 0.9   # net nothing
+    m.observe(0.3, 0.1)
+    m.observe(0.4, 0.75)
+    m.observe(0.5, 0.1)                                # removed, added, removed: one step back
+    assert rc.check(view(), {"b": 1}).coefficient == 1.0
+
+
+def test_a6_a_flagged_task_restarting_gives_its_step_back_and_its_new_flag_takes_one() -> None:
+    rc = RateCoefficient(P)
+    for gen in (1, 2, 3):                               # three steps (A5 re-adds)
+        rc.check({1: FlagView("b", True, gen, 0)}, {"b": 1})
+    assert rc.coefficient == 0.7
+    fresh = TaskMarks(P)                                # the same task id, restarted: counters from 0
+    assert rc.check({1: FlagView("b", fresh.flagged, fresh.generation, fresh.removals)}, {"b": 1}).coefficient == 0.8
+    fresh.observe(0.0, 0.75)                            # its new flag (generation 1 < 3) is still an add
+    assert rc.check({1: FlagView("b", fresh.flagged, fresh.generation, fresh.removals)}, {"b": 1}).coefficient == 0.7
+
+
+def test_a3_a5_at_the_top_of_the_range_a_busy_window_still_re_adds_the_flag() -> None:
+    """Marks that cannot rise further must not stop the upstream stepping down."""
+    m = TaskMarks(P)
+    m.first_threshold, m.second_threshold = 0.9, 0.4
+    rc = RateCoefficient(P)
+    view = lambda: {1: FlagView("b", m.flagged, m.generation, m.removals)}   # noqa: E731
+    m.observe(0.0, 0.95)
+    assert rc.check(view(), {"b": 1}).coefficient == 0.9
+    for t in range(1, 5):
+        m.observe(float(t), 0.95)
+    assert (m.first_threshold, m.second_threshold) == (0.9, 0.4)
+    assert rc.check(view(), {"b": 1}).coefficient == 0.8
+
+
+def test_a4_raised_marks_unflag_at_their_own_second_threshold() -> None:
+    """At 0.9 / 0.4 the flag goes at 0.4 (not the default 0.2) and the marks come down one step."""
+    m = TaskMarks(P)
+    m.first_threshold, m.second_threshold = 0.9, 0.4
+    m.observe(0.0, 0.9)
+    assert m.observe(1.0, 0.41).flag is None and m.flagged
+    ch = m.observe(2.0, 0.4)
+    assert ch.flag == FLAG_REMOVED and ch.lowered and (m.first_threshold, m.second_threshold) == (0.8, 0.3)
+
+
+def test_a1_the_gap_between_the_marks_never_changes_at_either_end() -> None:
+    m = TaskMarks(P)
+    for d in (+1, +1, +1, +1, -1, -1, -1, -1, -1, -1, +1):
+        m._move(d)
+        assert m.first_threshold - m.second_threshold == pytest.approx(0.5)
+        assert 0.6 <= m.first_threshold <= 0.9 and 0.1 <= m.second_threshold <= 0.4
+    assert (m.first_threshold, m.second_threshold) == (0.7, 0.2)
+
+
+def test_a4_at_the_bottom_a_low_level_neither_lowers_nor_flaps() -> None:
+    m = TaskMarks(P)
+    m.first_threshold, m.second_threshold = 0.6, 0.1
+    m.observe(0.0, 0.6)
+    ch = m.observe(1.0, 0.05)
+    assert ch.flag == FLAG_REMOVED and not ch.lowered and (m.first_threshold, m.second_threshold) == (0.6, 0.1)
+    assert m.observe(2.0, 0.0) == m.observe(3.0, 0.0) and not m.observe(4.0, 0.0).lowered
+
+
+def test_a6_a8_several_flags_at_the_floor_step_to_it_then_ask_for_a_task_never_under_it() -> None:
+    """At 0.3 two siblings flag in one check: the first steps to 0.2, the second finds the floor
+    and (both of 2 tasks flagged) asks for one more task; clamping 0.1 afterwards would not ask."""
+    rc = RateCoefficient(P)
+    rc.coefficient = 0.3
+    ch = rc.check({1: FlagView("b", True, 1, 0), 2: FlagView("b", True, 1, 0)}, {"b": 2})
+    assert ch.coefficient == 0.2 and ch.scale_out == ("b",)
+    ch = rc.check({1: FlagView("b", True, 2, 0), 2: FlagView("b", True, 2, 0), 3: FlagView("c", True, 1, 0)},
+                  {"b": 2, "c": 4})
+    assert ch.coefficient == 0.2 and ch.added == 3 and ch.scale_out == ("b",)   # c: 1 of 4 flagged
+
+
+# --- the driver: meter and acting at once (fake clock, fake tasks) -----------------------------
+
+class _Task:
+    """A task as the driver sees it: a queue, an executed count, a limiter."""
+
+    def __init__(self, task_id: int, component: str, upstream: tuple[int, ...] = (), spout: bool = False) -> None:
+        self.task_id, self.component, self.upstream_task_ids, self.is_spout = task_id, component, upstream, spout
+        self.bytes, self.executed, self.rates = 0, 0, []
+
+    def queue_bytes(self) -> int:
+        return self.bytes
+
+    def observed_rate(self) -> float:
+        return 20_000.0                    # the spout's own (start-up) rate: not what the sink takes
+
+    def executed_count(self) -> int:
+        return self.executed
+
+    def set_rate(self, r: float | None) -> None:
+        self.rates.append(r)
+
+    def show(self, display: object) -> None:
+        pass
+
+    def count_signal(self, direction: str, kind: str) -> None:
+        pass
+
+
+async def test_driver_a_flag_limits_the_upstream_at_once_to_0_9_of_what_the_sink_executed() -> None:
+    from backpressure.drivers.adaptive import AdaptiveFlowControl
+    now = [0.0]
+    params = AdaptiveParams(capacity=1000, check_interval=0.2, backpressure_window=2.0, samples=20)
+    flow = AdaptiveFlowControl(params, clock=lambda: now[0], period=3600.0)   # the timer never fires
+    spout, sink = _Task(1, "spout", spout=True), _Task(2, "sink", upstream=(1,))
+    await flow.start([spout, sink])
+    try:
+        now[0], sink.executed, sink.bytes = 0.2, 300, 700      # 1,500/s executed; over the first threshold
+        flow.poll(sink)                                         # the sink's own poll: no check ran
+        assert spout.rates == [pytest.approx(1_350.0)]
+        now[0], sink.bytes = 0.3, 150                           # under the second threshold
+        flow.poll(sink)
+        assert spout.rates[-1] == pytest.approx(1_500.0)       # back at 1.0: the max rate, not off (A7d)
+    finally:
+        await flow.stop()
+    assert spout.rates[-1] is None                              # stop releases every limit
+
+
+def test_a8_with_a_metered_max_rate_the_floor_is_read_against_the_upstreams_own_rate() -> None:
+    """Offered 20,000/s, taken 800/s: each step drains the queue, so the coefficient never nears
+    0.2, yet the upstream sends 4% of its own rate: the add asks for a task and still steps."""
+    rc = RateCoefficient(P)
+    flags = {1: FlagView("b", True, 1, 0), 2: FlagView("b", False, 0, 0)}
+    ch = rc.check(flags, {"b": 2}, observed=20_000.0, taken={"b": 800.0})
+    assert ch.scale_out == ("b",) and ch.coefficient == 0.9 and rc.own_rate == 20_000.0
+    easy = RateCoefficient(P)                      # taken 5,000 of 20,000: 0.225 > 0.2, no task
+    assert easy.check(flags, {"b": 2}, observed=20_000.0, taken={"b": 5_000.0}).scale_out == ()
+    one_of_three = RateCoefficient(P)              # and still only with half the tasks flagged
+    three = {**flags, 3: FlagView("b", False, 0, 0)}
+    assert one_of_three.check(three, {"b": 3}, observed=20_000.0, taken={"b": 800.0}).scale_out == ()
+
+
+def test_a6c_an_idle_downstream_gives_every_step_back_at_once_to_the_metered_rate() -> None:
+    rc = RateCoefficient(P)
+    for gen in (1, 2, 3, 4):
+        rc.check({1: FlagView("b", True, gen, 0)}, {"b": 1}, taken={"b": 1_000.0})
+    assert rc.coefficient == 0.6
+    clear = {1: FlagView("b", False, 4, 1)}
+    assert rc.check(clear, {"b": 1}, idle=False).coefficient == 0.7       # the removal: one step
+    assert rc.check(clear, {"b": 1}, idle=False).coefficient == 0.8       # A6b: one per check
+    assert rc.check(clear, {"b": 1}, starved=True).coefficient == 1.0     # a queue empty: all of them
+    assert rc.rate() == 1_000.0                                            # still limited (A7d)
+    unmetered = RateCoefficient(P)
+    unmetered.max_rate, unmetered.coefficient = 1_000.0, 0.6
+    assert unmetered.check({}, {}, idle=True).coefficient == 0.7           # no meter: one step (A6b)

@@ -7,11 +7,19 @@ Glue, not policy (the rules are ``policy.adaptive``'s, A1-A10):
   downstream queue does not poll); a flag added or removed counts one
   BACKPRESSURE / RELEASE signal sent by that task. The flags live in this driver:
   it is the document's "flag management software" for one process;
-* every ``check_interval`` each upstream task (a spout, or a bolt something
+* every ``check_interval``, and at once for the upstreams of a task whose flag was
+  just added or removed (ours: the document's node "may actively notify" its upstreams;
+  waiting for the next check let an unlimited spout run a queue from its first
+  threshold to its hard bound), each upstream task (a spout, or a bolt something
   subscribes to) checks its direct downstream tasks' flags (``RateCoefficient``):
-  its limit becomes ``coefficient x max rate`` (the rate it had before its first
-  step, measured again at a step it was sending under its limit: A7b), the limiter
-  goes off at 1.0; it counts one signal received per change;
+  its limit becomes ``coefficient x max rate``; at 1.0 a metered max rate stays the
+  limit until every downstream queue it sees is empty (A7d), an unmetered one turns the
+  limiter off; it counts one signal received per change. The max rate (A7c) is what the flagged downstream
+  component executed of this upstream's tuples over about one ``check_interval``
+  (each local bolt task's ``executed_count`` is sampled on the timer, divided by its
+  number of upstream tasks); with a downstream task in another worker, the upstream's
+  own rate before its first step, measured again at a step it sent under its limit (A7,
+  A7b);
 * scale requests go through ``Autoscaler`` (max parallelism, cool-down, scale in)
   to ``self.scaler`` (``seams.Scaler``) when the engine gave one (the local engine
   does, in one process); otherwise each decision is logged and counted in
@@ -40,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from typing import Callable, Mapping, Sequence
 
 from backpressure.coordinator.base import Coordinator
@@ -84,6 +93,7 @@ class AdaptiveFlowControl:
         self.shared = SharedStates(coordinator, heartbeat=heartbeat) if coordinator is not None else None
         self.component_of: dict[int, str] = {}
         self.remote: dict[int, TaskState] = {}
+        self._served: dict[int, deque[tuple[float, int]]] = {}    # local bolt task -> (t, executed)
 
     # --- FlowControl -------------------------------------------------------
     async def start(self, handles: Sequence[TaskHandle]) -> None:
@@ -97,6 +107,7 @@ class AdaptiveFlowControl:
             self._link_remote(self.graph)
         self.autoscaler = Autoscaler(self.params, counts)
         self._last_check = self.clock()
+        self._meter(self._last_check)
         if self.shared is not None:
             await self.shared.start(self.handles, self.state_of, self._on_remote)
         self._timer_task = asyncio.create_task(self._timer())
@@ -105,12 +116,17 @@ class AdaptiveFlowControl:
         m = self.marks.get(handle.task_id)
         if m is None:
             return
-        ch = m.observe(self.clock(), handle.queue_bytes() / self.params.capacity)
+        now = self.clock()
+        ch = m.observe(now, handle.queue_bytes() / self.params.capacity)
         if ch.flag is not None:
             handle.count_signal("sent", BACKPRESSURE if ch.flag == FLAG_ADDED else RELEASE)
             handle.show(FlowDisplay(m.generation, m.flagged, None))
             if self.shared is not None:
                 self.shared.publish(handle.task_id)      # the other workers' upstreams read it now
+            if self.autoscaler is not None:              # its upstreams here act on it now
+                parallel = dict(self.autoscaler.parallelism)
+                for up in handle.upstream_task_ids:
+                    self._check_one(up, parallel, now)
 
     async def stop(self) -> None:
         if self._timer_task is not None:
@@ -121,8 +137,8 @@ class AdaptiveFlowControl:
             t.cancel()
         await asyncio.gather(*self._pending, return_exceptions=True)
         for task_id, rc in self.coefficients.items():
-            if rc.coefficient < 1.0:
-                rc.coefficient, rc.max_rate = 1.0, None
+            if rc.coefficient < 1.0 or rc.metered:
+                rc.coefficient, rc.max_rate, rc.metered = 1.0, None, False
                 self._apply_rate(self.handles[task_id], rc)
         if self.shared is not None:
             await self.shared.stop()
@@ -134,6 +150,7 @@ class AdaptiveFlowControl:
             for task_id in list(self.marks):
                 self.poll(self.handles[task_id])
             now = self.clock()
+            self._meter(now)
             if now - self._last_check >= self.params.check_interval:
                 self._last_check = now
                 self.check(now)
@@ -142,19 +159,8 @@ class AdaptiveFlowControl:
         """Every upstream's check of its downstream flags (A6-A8), scale in (A9), balance (A10)."""
         assert self.autoscaler is not None
         parallel = dict(self.autoscaler.parallelism)
-        for up, rc in self.coefficients.items():
-            if up not in self.handles:
-                continue                                  # another worker's task: governed there
-            flags = {d: v for d in self.downstream.get(up, ()) if (v := self._flag(d)) is not None}
-            h = self.handles[up]
-            ch = rc.check(flags, parallel, observed=h.observed_rate())    # A7, A7b: measured at a step
-            if ch is None:
-                continue
-            h.count_signal("received", BACKPRESSURE if ch.added else RELEASE)
-            self._apply_rate(h, rc)
-            for comp in ch.scale_out:
-                if comp not in self._scaling:
-                    self._decided(self.autoscaler.request_out(comp, now))
+        for up in list(self.coefficients):
+            self._check_one(up, parallel, now)
         for comp, n in parallel.items():
             if n > self.autoscaler.initial.get(comp, 1) and comp not in self._scaling:
                 tasks = [t for t, c in self.component_of.items() if c == comp]     # in any worker
@@ -172,12 +178,66 @@ class AdaptiveFlowControl:
             if self.share_router is not None and self.share_router.set_shares(up, comp, shares):
                 self.counters["rebalance_applied"] += 1
 
+    def _check_one(self, up: int, parallel: Mapping[str, int], now: float) -> None:
+        """One upstream task's check of its downstream flags (A6-A8)."""
+        rc = self.coefficients.get(up)
+        h = self.handles.get(up)
+        if rc is None or h is None:
+            return                                        # another worker's task: governed there
+        assert self.autoscaler is not None
+        flags = {d: v for d in self.downstream.get(up, ()) if (v := self._flag(d)) is not None}
+        empty = [self.handles[d].queue_bytes() == 0 for d in self.downstream.get(up, ()) if d in self.handles]
+        ch = rc.check(flags, parallel, observed=h.observed_rate(), taken=self._taken(up, now),
+                      idle=all(empty), starved=any(empty))
+        if ch is None:
+            return
+        if not ch.remeasured:
+            h.count_signal("received", BACKPRESSURE if ch.added else RELEASE)
+        self._apply_rate(h, rc)
+        for comp in ch.scale_out:
+            if comp not in self._scaling:
+                self._decided(self.autoscaler.request_out(comp, now))
+
+    def _meter(self, now: float) -> None:
+        """Sample each local bolt task's executed count, keeping about one check_interval (two
+        lagged a capacity drop: scenario e's queue rose to 0.75 of its bound, not 0.5)."""
+        for t, h in self.handles.items():
+            if h.is_spout:
+                continue
+            q = self._served.setdefault(t, deque())
+            q.append((now, h.executed_count()))
+            while len(q) > 2 and now - q[1][0] >= self.params.check_interval:
+                q.popleft()
+
+    def _taken(self, up: int, now: float) -> dict[str, float]:
+        """A7c: per downstream component, the tuples/s of ``up``'s share it executes: its
+        flagged tasks' mean rate (busy: their service rate) times its tasks ``up`` feeds, as
+        a shuffle deals them alike (summing the tasks' rates counted what unflagged tasks,
+        idle part of the time, were sent; it starved the others in scenario b). A component
+        with a task not metered here (another worker's) is left out."""
+        rates: dict[str, list[tuple[bool, float]]] = {}
+        blind: set[str] = set()
+        for d in self.downstream.get(up, ()):
+            comp = self.component_of.get(d, "")
+            h, q, m = self.handles.get(d), self._served.get(d), self.marks.get(d)
+            if h is None or m is None or not q or now - q[0][0] <= 1e-3:
+                blind.add(comp)
+                continue
+            rate = (h.executed_count() - q[0][1]) / (now - q[0][0]) / max(1, len(h.upstream_task_ids))
+            rates.setdefault(comp, []).append((m.flagged, rate))
+        out: dict[str, float] = {}
+        for comp, rs in rates.items():
+            busy = [r for f, r in rs if f]
+            if comp not in blind:
+                out[comp] = sum(busy) / len(busy) * len(rs) if busy else sum(r for _, r in rs)
+        return out
+
     # --- helpers -----------------------------------------------------------
     def _flag(self, task: int) -> FlagView | None:
         """A downstream task's flag: from its marks here, or as its worker last published it."""
         m = self.marks.get(task)
         if m is not None:
-            return FlagView(self.component_of[task], m.flagged, m.generation)
+            return FlagView(self.component_of[task], m.flagged, m.generation, m.removals)
         st = self.remote.get(task)
         return None if st is None else FlagView(st.component, st.backpressure, st.k)
 
@@ -327,6 +387,7 @@ class AdaptiveFlowControl:
         self.downstream.pop(task_id, None)
         self.coefficients.pop(task_id, None)
         self.remote.pop(task_id, None)
+        self._served.pop(task_id, None)
         component = self.component_of.pop(task_id, None)
         for key in [k for k in self.balancers if k[0] == task_id]:
             del self.balancers[key]

@@ -61,6 +61,13 @@ Rules (each is a test in ``tests/test_adaptive_policy.py`` named after it)
   check. Giving them all back with the removal (as before) turned the limiter off at
   once, and an endless spout refilled its downstream queue to the hard bound before
   the next flag: the queue swung between the low mark and the bound.
+* **A6c idle downstream: every step back at once** (ours, with A7c's metered max rate):
+  a check that finds no downstream task flagged and a downstream queue it sees empty
+  (``starved``) sets the coefficient back to 1.0, which with a metered max rate still
+  limits the upstream to what the system took while it was busy (A7d), so it cannot refill
+  the queues in a burst. One step per check left the bottleneck idle for as many checks as
+  the steps the overload took (scenario b: its four tasks idle about 0.8 s after the
+  start-up backlog drained, goodput 0.93).
 * **A7 send interval** (S-claims 5-6 and the worked example): the document says
   the interval is "coefficient x average time per tuple" but also that
   coefficient 1 is the maximum rate, and read literally a lower coefficient would
@@ -76,11 +83,40 @@ Rules (each is a test in ``tests/test_adaptive_policy.py`` named after it)
   the max rate an endless spout showed in its first fraction of a second (filling
   empty queues, 5x what the bottleneck takes in scenario b) made every step, down to
   the floor, a limit above the bottleneck's rate: the queues stayed at their bound.
+* **A7c the max rate is what the system takes** (ours, within the document: its average
+  time per tuple "may be the average time consumption of a single piece of flow data in
+  the entire distributed flow computing system"): when the driver can meter the flagged
+  downstream component (``taken``: tuples/s its tasks fed by this upstream executed lately,
+  this upstream's share), a flag added measures the max rate as that figure, so coefficient
+  1.0 is one tuple per the system's time per tuple and each step sends ``coefficient`` of
+  what the bottleneck takes: the flagged queue drains at once instead of after several
+  steps from the upstream's own (burst) rate. Measured again at every check while a
+  metered downstream task is flagged (its queue is then at least at its second
+  threshold, so the task never idled and the meter reads its service rate, not what it
+  was sent): a limit set from a rate still rising or falling (a relay's start-up burst,
+  capacity dropping) follows it within one check instead of waiting for the next add;
+  the change is reported with ``remeasured`` and counts as no signal. Where no meter
+  exists (a downstream task in another worker), A7 / A7b apply.
+* **A7d coefficient 1.0 is the max rate** (ours: the document's "when the rate coefficient
+  is 1, the stream data is transmitted at the maximum rate", with A7c's max rate): back at
+  1.0 an upstream whose max rate is metered keeps sending at it instead of turning its
+  limiter off. A check that finds no downstream task flagged and every downstream queue it
+  sees empty (``idle``: the system takes more than it is sent, as after a capacity drop
+  recovers) doubles the max rate, and turns the limiter off once the doubled rate would
+  reach the upstream's own rate (``own_rate``; at once when unknown). Turning it off at 1.0
+  let an endless spout fill the queue it had just drained to the hard bound within a few
+  milliseconds, before any poll could flag it; turning it off at the first idle check did
+  the same whenever a limit held at the bottleneck's rate emptied the queues for a moment
+  (scenario b with acking: 14,600/s into four queues of 1,250/s, all at their bound).
 * **A8 scale out** (S712-S714, claim 1): a flag added while the upstream is at the
   floor, with at least ``scale_ratio`` of the flagged task's component's parallel
   tasks flagged, asks for one more task of that component; ``Autoscaler`` grants
   it below ``max_parallelism`` and outside the ``cooldown`` after its last action
-  on that component.
+  on that component. With a metered max rate (A7c, ours) the coefficient is a share of
+  what the system takes and seldom reaches its floor (each step drains the queue), so
+  the floor is also read against the upstream's own rate (``own_rate``: the most it
+  sent with its limiter off, read at every check): a step that would send under
+  ``preset_coefficient`` of it asks for the task too, and the step is still taken.
 * **A9 scale in** (reconstruction: the document only adds): a component above its
   initial parallelism that has been quiet (no task flagged, every upstream back at
   coefficient 1.0) without a break for a whole ``cooldown``, and at least a
@@ -221,6 +257,7 @@ class TaskMarks:
         self.window = BackpressureWindow(params.backpressure_window, params.samples)
         self.flagged = False
         self.generation = 0               # bumped by every add and every raise (A5)
+        self.removals = 0                 # bumped by every removal (A6: counted, not sampled)
 
     def observe(self, now: float, level: float) -> MarkChange:
         p = self.params
@@ -242,6 +279,7 @@ class TaskMarks:
                 self.window.reset()
             if self.flagged:
                 self.flagged = False
+                self.removals += 1
                 return MarkChange(FLAG_REMOVED, lowered=lowered)
             return MarkChange(None, lowered=lowered) if lowered else _NO_CHANGE
         return _NO_CHANGE
@@ -262,6 +300,7 @@ class FlagView:
     component: str
     flagged: bool
     generation: int
+    removals: int | None = None      # removals so far; None where only the state is published
 
 
 @dataclass(frozen=True)
@@ -270,6 +309,7 @@ class CoefficientChange:
     added: int
     removed: int
     scale_out: tuple[str, ...] = ()       # components asking for one more task (A8)
+    remeasured: bool = False              # only the max rate moved (A7c): no signal
 
 
 class RateCoefficient:
@@ -279,51 +319,98 @@ class RateCoefficient:
         self.params = params
         self.coefficient = 1.0
         self.max_rate: float | None = None    # measured before the first step (A7)
-        self._seen: dict[int, tuple[bool, int]] = {}
+        self.metered = False                  # max_rate is the system's take rate (A7c, A7d)
+        self.own_rate: float | None = None    # what it sent with its limiter off (A8 with A7c)
+        self._seen: dict[int, tuple[bool, int, int | None]] = {}
 
     @property
     def at_floor(self) -> bool:
         return self.coefficient - self.params.coefficient_step < self.params.preset_coefficient - _EPS
 
     def check(self, flags: Mapping[int, FlagView], parallel: Mapping[str, int],
-              observed: float | None = None) -> CoefficientChange | None:
+              observed: float | None = None,
+              taken: Mapping[str, float] | None = None,
+              idle: bool = False, starved: bool = False) -> CoefficientChange | None:
         """The periodic check (S702-S716): flags added or removed since the last one.
 
         A removed flag gives back one step (A6); a check that finds no downstream task
         flagged gives back one more (A6b), until 1.0. ``observed``: the upstream's rate
-        now, measured for A7 / A7b when a flag is added.
+        now, measured for A7 / A7b when a flag is added; ``taken``: per downstream
+        component, what it executed of this upstream's tuples per second (A7c); ``idle``:
+        every downstream queue it can see is empty (A7d); ``starved``: at least one (A6c).
         """
         p = self.params
+        if observed and self.rate() is None:             # sent with no limiter: its own max rate
+            self.own_rate = max(self.own_rate or 0.0, observed)
         added: list[tuple[int, str]] = []
         removed = 0
         for task, v in flags.items():
-            was, gen = self._seen.get(task, (False, -1))
-            if v.flagged and (not was or v.generation > gen):
-                added.append((task, v.component))
+            was, gen, rem = self._seen.get(task, (False, -1, None))
+            if rem is not None and v.removals is not None and gen <= v.generation and rem <= v.removals:
+                # counted (A6): a flag removed and added again between two checks is one of each
+                removed += v.removals - rem
+                added += [(task, v.component)] * (v.generation - gen)
+            elif v.flagged and (not was or v.generation > gen):   # first sight, a restart, or only
+                added.append((task, v.component))                 # the state published: sampled
             elif was and not v.flagged:
                 removed += 1
-            self._seen[task] = (v.flagged, v.generation)
+            self._seen[task] = (v.flagged, v.generation, v.removals)
         for task in [t for t in self._seen if t not in flags]:     # a task gone: its flag with it
             if self._seen.pop(task)[0]:
                 removed += 1
+        busy = [taken[v.component] for v in flags.values()
+                if v.flagged and taken and taken.get(v.component, 0.0) > 0]
         if not added and not removed:
-            if self.coefficient < 1.0 - _EPS and not any(v.flagged for v in flags.values()):
-                self.coefficient = _r(min(1.0, self.coefficient + p.coefficient_step))     # A6b
+            if busy and self.max_rate and (self.metered or self.coefficient < 1.0 - _EPS):   # A7c
+                old, self.max_rate = self.max_rate, min(busy)
+                if abs(self.max_rate - old) > 0.02 * old or not self.metered:
+                    self.metered = True
+                    return CoefficientChange(self.coefficient, 0, 0, remeasured=True)
+                self.max_rate = old
+                return None
+            if any(v.flagged for v in flags.values()):
+                return None
+            if self.coefficient < 1.0 - _EPS:
+                if self.metered and (starved or idle):   # A6c: every step back at once
+                    self.coefficient = 1.0
+                else:
+                    self.coefficient = _r(min(1.0, self.coefficient + p.coefficient_step))     # A6b
+                return CoefficientChange(self.coefficient, 0, 0)
+            if self.metered and idle and self.max_rate:  # A7d: the system takes more than that
+                if self.own_rate and 2 * self.max_rate < self.own_rate:
+                    self.max_rate *= 2                   # probe up, a doubling per idle check
+                else:
+                    self.metered, self.max_rate = False, None     # past its own rate: off
                 return CoefficientChange(self.coefficient, 0, 0)
             return None
-        if added and observed is not None:
+        if added and busy:
+            self.max_rate = min(busy)                    # A7c: the slowest flagged component's
+            self.metered = True
+        elif added and observed is not None:
+            if self.metered:                             # unmetered now: A7 from its own rate
+                self.metered, self.max_rate = False, self.own_rate
             self._measure(observed)
         scale: list[str] = []
         for task, comp in added:
-            if self.at_floor:
+            floor = self.at_floor
+            if floor or self._under_own_floor():
                 n = max(1, parallel.get(comp, 1))
                 k = sum(1 for v in flags.values() if v.component == comp and v.flagged)
                 if k / n >= p.scale_ratio - _EPS and comp not in scale:
                     scale.append(comp)
-            else:
+            if not floor:
                 self.coefficient = _r(self.coefficient - p.coefficient_step)
         self.coefficient = _r(min(1.0, self.coefficient + removed * p.coefficient_step))
         return CoefficientChange(self.coefficient, len(added), removed, tuple(scale))
+
+    def _under_own_floor(self) -> bool:
+        """A8 with A7c: a metered coefficient is a share of what the system takes, so "at the
+        floor" is read against the upstream's own rate: the step would send under
+        ``preset_coefficient`` of what it sent with no limiter."""
+        if not (self.metered and self.max_rate and self.own_rate):
+            return False
+        nxt = max(self.coefficient - self.params.coefficient_step, self.params.preset_coefficient)
+        return nxt * self.max_rate < self.params.preset_coefficient * self.own_rate - _EPS
 
     def _measure(self, observed: float) -> None:
         """A7: the max rate is the rate before the first step. A7b: at a later step, an
@@ -334,8 +421,9 @@ class RateCoefficient:
             self.max_rate = observed / self.coefficient
 
     def rate(self) -> float | None:
-        """A7: coefficient x max rate; None (limiter off) at 1.0 or with no max rate measured."""
-        if self.coefficient >= 1.0 - _EPS or not self.max_rate:
+        """A7: coefficient x max rate; None (limiter off) at 1.0 or with no max rate measured,
+        except a metered max rate (A7d), held at 1.0 until the downstream idles."""
+        if not self.max_rate or (self.coefficient >= 1.0 - _EPS and not self.metered):
             return None
         return max(self.params.rate_floor, self.coefficient * self.max_rate)
 
