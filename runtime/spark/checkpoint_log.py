@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import contextlib
 from typing import Any
-from urllib.parse import urlparse
+
+from runtime.spark.placement import has_scheme
 
 MANAGER_KEY = "spark.sql.streaming.checkpointFileManagerClass"
 # The class moved into a subpackage in Spark 4; the first one the JVM knows is used.
@@ -28,17 +29,16 @@ FILESYSTEM_MANAGERS = (
     "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager",
     "org.apache.spark.sql.execution.streaming.FileSystemBasedCheckpointFileManager",
 )
-CHOICES = ("auto", "filesystem", "spark")
 
 
 def is_local_path(location: str) -> bool:
-    """A checkpoint location on this machine's file system: a plain path or ``file:``."""
-    scheme = urlparse(location).scheme
-    return scheme in ("", "file") or (len(scheme) == 1 and location[1:3] in (":/", ":\\"))   # C:\ on Windows
+    """A checkpoint location on this machine's file system: a plain path, ``file:`` or a drive letter."""
+    return not has_scheme(location)
 
 
 def wants_filesystem_manager(setting: str, location: str) -> bool:
-    """Whether ``setting`` (one of ``CHOICES``) picks the ``FileSystem`` manager for ``location``."""
+    """Whether ``setting`` (``spark.checkpoint_file_manager``: auto, filesystem or spark) picks
+    the ``FileSystem`` manager for ``location``."""
     if setting == "filesystem":
         return True
     if setting == "auto":

@@ -70,7 +70,9 @@ def executor_workdir(master: str) -> str | None:
     return os.getcwd() if on_this_machine(master) and not is_local(master) else None
 
 
-def _has_scheme(url: str) -> bool:
+def has_scheme(url: str) -> bool:
+    """A location on another file system (hdfs://, s3a://, ...), not a plain path, ``file:``
+    or a Windows drive letter."""
     scheme = urlparse(url).scheme
     return len(scheme) > 1 and scheme != "file"
 
@@ -115,7 +117,7 @@ def check(topology: Topology, cfg: Mapping[str, Any], master: str, sources: Mapp
                 "results through spark.sink instead (sqlite:PATH is written by the driver, or postgresql://...)",
                 component=c.id, key=f"kwargs.{arg}")
     checkpoint = cfg.get("spark.checkpoint_dir")
-    if stateful and checkpoint and not (_has_scheme(checkpoint) or _under(checkpoint, shared)):
+    if stateful and checkpoint and not (has_scheme(checkpoint) or _under(checkpoint, shared)):
         raise PlacementError(
             f"spark.checkpoint_dir {checkpoint} is a local path, and {where}, which write the state of "
             f"{', '.join(stateful)} there: use hdfs://, s3a://... or a directory under spark.shared_dir",
