@@ -35,7 +35,7 @@ spouts:
   - {{id: sentences, class: topo.examples.wordcount.SentenceSpout, kwargs: {{repeat: {REPEAT}}}}}
 bolts:
   - {{id: split, class: topo.examples.wordcount.SplitBolt, parallelism: 2}}
-  - {{id: count, class: worker_slow.KeyedWordCount, parallelism: 2}}
+  - {{id: count, class: worker_slow.KeyedWordCount, parallelism: 2, kwargs: {{pause_s: 0.001, every: 10}}}}
   - id: sink
     class: topo.sinks.SQLiteSink
     kwargs: {{path: words.db, table: word_counts, fields: [word, count], key_fields: [word]}}
@@ -63,6 +63,15 @@ def _workers_of(pid: int) -> list[int]:
         if b"spawn_main" in cmdline:
             out.append(int(child))
     return sorted(out)
+
+
+def _running(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie (a finished worker not yet reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _checkpoints(tmp_path: Path) -> tuple[int, int]:
@@ -95,6 +104,7 @@ def test_a_worker_killed_with_minus_9_rolls_every_worker_back_and_the_counts_are
                 break
             time.sleep(0.3)
             victim = workers[len(killed) % 2]
+            assert _running(victim), "the worker finished before it could be killed: the run is too short"
             os.kill(victim, signal.SIGKILL)
             killed += workers
     finally:

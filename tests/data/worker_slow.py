@@ -41,11 +41,19 @@ class Padded(Spout):
 
 
 class KeyedWordCount(KeyedBolt):
-    """Counts words with per-key state (checkpointed with the topology); emits (word, count)."""
+    """Counts words with per-key state (checkpointed with the topology); emits (word, count).
+    Sleeps ``pause_s`` once per ``every`` tuples, so a run lasts long enough to kill workers
+    in it twice (without the pause the whole run ends in about a second)."""
 
     outputs = ["word", "count"]
     key_fields = ("word",)
 
+    def __init__(self, pause_s: float = 0.0, every: int = 1) -> None:
+        self.pause_s, self.every, self.seen = pause_s, every, 0
+
     def process(self, tup: Tuple, state: dict[str, Any]) -> None:
+        self.seen += 1
+        if self.pause_s and self.seen % self.every == 0:
+            time.sleep(self.pause_s)
         state["n"] = state.get("n", 0) + 1
         self.collector.emit([tup["word"], state["n"]])
