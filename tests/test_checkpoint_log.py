@@ -52,3 +52,32 @@ def test_the_session_gets_the_manager_for_the_query_and_its_own_value_back():
         assert spark.conf.get(MANAGER_KEY, None) == "com.example.OwnManager"
     finally:
         spark.conf.unset(MANAGER_KEY)
+
+
+def test_the_checkpoint_log_bench_measures_both_managers_on_one_session():
+    """bench.spark_checkpoint_log runs a real query per setting on the same session and
+    leaves the session's manager as it found it (no timing asserted)."""
+    from bench.spark_checkpoint_log import PHASES, SETTINGS, run_query, summarize
+    from runtime.spark.session import get_session
+
+    spark = get_session("local[1]", shuffle_partitions=1, log_level="ERROR")
+    spark.conf.unset(MANAGER_KEY)
+    runs = {s: [run_query(spark, s, batches=2, trigger_ms=200, timeout_s=60)] for s in SETTINGS}
+    assert spark.conf.get(MANAGER_KEY, None) is None
+    summary = summarize(runs)
+    for setting in SETTINGS:
+        for phase in PHASES:
+            assert summary[setting][phase]["triggers"] == 2
+            assert summary[setting][phase]["median_ms"] >= 0
+    assert summary["filesystem"]["walCommit"]["median_ms"] > 0       # the offset log was written
+
+
+def test_the_bench_ratio_is_the_filesystem_median_over_spark_s():
+    from bench.spark_checkpoint_log import summarize
+
+    def run(w: float) -> dict[str, list[float]]:
+        return {"walCommit": [w, w + 2, w + 4], "commitOffsets": [w, w, w], "triggerExecution": [10 * w] * 3}
+
+    s = summarize({"spark": [run(40), run(50)], "filesystem": [run(10), run(12)]})
+    assert s["spark"]["walCommit"]["round_medians_ms"] == [42, 52]
+    assert s["ratio_filesystem_over_spark"]["walCommit"] == pytest.approx(13 / 47)    # medians of all six: 13 and 47
