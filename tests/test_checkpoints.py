@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import msgpack
 import pytest
+import yaml
 
 from topo.api import Bolt, CheckpointError, EndOfStream, Spout, Tuple
 from topo.examples.wordcount import expected_counts
@@ -58,7 +59,9 @@ def _kill_and_restart(tmp_path: Path, args: list[str], kills: int, seed: int,
 
     The first run is killed a random time *after* its first rows are in the table
     (a checkpoint completed), however slow the machine is to start it, so at least
-    one kill lands after a checkpoint; the others at a random time from their start."""
+    one kill lands after a checkpoint; the others at a random time from their start. Each
+    run must still be running when it is killed (the topology must last longer than all the
+    killed runs together), or the kill tested nothing."""
     read = read or (lambda d: _counts(d / "wordcount.db"))
     rng = random.Random(seed)
     seen = []
@@ -69,11 +72,14 @@ def _kill_and_restart(tmp_path: Path, args: list[str], kills: int, seed: int,
             deadline = time.monotonic() + 120
             while not read(tmp_path) and proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.02)
+            assert read(tmp_path), "the first run wrote no rows within 120 s"
             time.sleep(rng.uniform(0, window[1] - window[0]))
         else:
             time.sleep(rng.uniform(*window))
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
+        assert proc.returncode == -signal.SIGKILL, \
+            f"killed run {i + 1} had ended before its kill (exit {proc.returncode}): the topology is too short"
         seen.append(read(tmp_path))
     done = subprocess.run(TOPO + ["run", *args, "--quiet"], cwd=tmp_path, env=_env(),
                           capture_output=True, text=True, timeout=300)
@@ -86,8 +92,25 @@ def _never_backwards(tables: list[dict[str, int]]) -> None:
         assert all(after.get(w, 0) >= n for w, n in before.items()), "a count went backwards between runs"
 
 
+def _paced_wordcount(tmp_path: Path) -> str:
+    """configs/wordcount.yaml with a pacing stage ahead of its sink (5 ms every 16 words:
+    about 20 s for its 64,000 words instead of about 1 s), so ten runs killed at most
+    1.6 s after their start all die mid-run; 1,000 sentences in flight (not 5,000) keep
+    the paced backlog well under the 30 s message timeout."""
+    spec = yaml.safe_load(Path(WORDCOUNT).read_text())
+    spec["config"]["max_spout_pending"] = 1000
+    spec["bolts"].insert(-1, {"id": "paced", "class": "checkpoint_components.SlowPass",
+                              "kwargs": {"delay_s": 0.005, "every": 16}})
+    for stream in spec["streams"]:
+        if stream["to"] == "sink":
+            stream["to"] = "paced"
+    spec["streams"].append({"from": "paced", "to": "sink", "grouping": {"type": "fields", "fields": ["word"]}})
+    (tmp_path / "wordcount.yaml").write_text(yaml.safe_dump(spec))
+    return "wordcount.yaml"
+
+
 def test_ten_kill9s_in_a_row_then_the_table_is_exact(tmp_path: Path) -> None:
-    args = [WORDCOUNT, "--config", "checkpoint.interval_ms=100"]
+    args = [_paced_wordcount(tmp_path), "--config", "checkpoint.interval_ms=100"]
     tables = _kill_and_restart(tmp_path, args, kills=10, seed=11, window=(0.4, 1.6))
     _never_backwards(tables)
     assert _counts(tmp_path / "wordcount.db") == dict(expected_counts(repeat=2000))
