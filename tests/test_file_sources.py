@@ -152,10 +152,11 @@ from topo.api import Bolt
 
 
 class Slow(Bolt):
+    """4 ms an event: a whole run lasts about 15 s, longer than the four killed runs together."""
     outputs = ["ts", "user"]
 
     def execute(self, tup):
-        time.sleep(0.0005)
+        time.sleep(0.004)
         self.collector.emit([tup["ts"], tup["user"]])
 '''
 
@@ -181,6 +182,17 @@ streams:
 '''
 
 
+def _checkpoints_taken(tmp_path: Path) -> int:
+    """Checkpoints in the run's checkpoint file (0 before the file or its table exists)."""
+    import sqlite3
+
+    try:
+        with sqlite3.connect(tmp_path / "checkpoints" / "files_resume.checkpoints.sqlite") as conn:
+            return conn.execute("SELECT count(*) FROM checkpoints").fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
 def test_killed_runs_resume_from_checkpoints_and_the_table_is_exact(tmp_path: Path) -> None:
     rng = random.Random(5)
     (tmp_path / "data").mkdir()
@@ -198,12 +210,20 @@ def test_killed_runs_resume_from_checkpoints_and_the_table_is_exact(tmp_path: Pa
     (tmp_path / "t.yaml").write_text(TOPOLOGY)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, "-m", "topo.cli", "run", "t.yaml", "--quiet", "--config", "checkpoint.interval_ms=100"]
-    for _ in range(4):
+    for i in range(4):
         proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0.8, 2.5))
+        if i == 0:              # the first kill after a checkpoint, however slow the machine is to start
+            deadline = time.monotonic() + 120
+            while not _checkpoints_taken(tmp_path) and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert _checkpoints_taken(tmp_path), "the first run took no checkpoint within 120 s"
+            time.sleep(rng.uniform(0, 1.7))
+        else:
+            time.sleep(rng.uniform(0.8, 2.5))
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
-    assert list((tmp_path / "checkpoints").glob("files_resume*")), "no kill landed after a checkpoint"
+        assert proc.returncode == -signal.SIGKILL, \
+            f"killed run {i + 1} had ended before its kill (exit {proc.returncode}): the run is too short"
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = read_table(str(tmp_path / "out.db"), "counts")
