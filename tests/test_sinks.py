@@ -190,11 +190,12 @@ from topo.api import Bolt
 
 
 class Paced(Bolt):
-    """Passes tuples on at about 20 000 a second, so a run lasts long enough to be killed."""
+    """Passes tuples on at about 4 000 a second (a whole run: about 15 s), so a run lasts
+    longer than the three killed runs together."""
     outputs = ["user", "n"]
 
     def execute(self, tup):
-        time.sleep(0.00005)
+        time.sleep(0.0002)
         self.collector.emit([tup["user"], tup["n"]])
 '''
 
@@ -208,12 +209,22 @@ def test_file_sinks_with_checkpoints_hold_exactly_the_input_after_kill9s(tmp_pat
     cmd = [sys.executable, "-m", "topo.cli", "run", "topology.yaml", "--quiet"]
     rng = random.Random(4)
     sizes = []
-    for _ in range(3):
+    out = tmp_path / "out.jsonl"
+    for i in range(3):
         proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(1.5, 3.0))
+        if i == 0:              # the first kill after some output, however slow the machine is to start
+            deadline = time.monotonic() + 120
+            while not (out.exists() and out.stat().st_size) and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert out.exists() and out.stat().st_size, "the first run wrote nothing within 120 s"
+            time.sleep(rng.uniform(0, 1.5))
+        else:
+            time.sleep(rng.uniform(1.5, 3.0))
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
-        sizes.append((tmp_path / "out.jsonl").stat().st_size if (tmp_path / "out.jsonl").exists() else 0)
+        assert proc.returncode == -signal.SIGKILL, \
+            f"killed run {i + 1} had ended before its kill (exit {proc.returncode}): the run is too short"
+        sizes.append(out.stat().st_size if out.exists() else 0)
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     final = (tmp_path / "out.jsonl").stat().st_size
