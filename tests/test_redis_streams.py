@@ -11,7 +11,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 import redis
@@ -47,6 +47,14 @@ def fill(url: str, stream: str, n: int, seed: int = 1) -> Counter[str]:
 
 def pending(url: str, stream: str, group: str) -> int:
     return client(url).xpending(stream, group)["pending"]
+
+
+def _pending_or_0(url: str, stream: str, group: str) -> int:
+    """``pending``, or 0 before a spout has made the group."""
+    try:
+        return pending(url, stream, group)
+    except redis.ResponseError:
+        return 0
 
 
 class Seen(Bolt):
@@ -211,16 +219,21 @@ from topo.api import Bolt
 
 
 class Paced(Bolt):
-    """Passes tuples on at about 5 000 a second, so a run lasts long enough to be killed."""
+    """Passes tuples on at about 2 000 a second (all 20,000: about 11 s), so a run lasts
+    longer than the three killed runs together."""
     outputs = ["word", "id"]
 
     def execute(self, tup):
-        time.sleep(0.0002)
+        time.sleep(0.0005)
         self.collector.emit([tup["word"], tup["id"]])
 '''
 
 
-def _run(tmp_path: Path, args: list[str], kill_after: float | None) -> None:
+def _run(tmp_path: Path, args: list[str], kill_after: float | None,
+         started: Callable[[], bool] | None = None) -> None:
+    """A run to its end (``kill_after`` None), or killed with SIGKILL ``kill_after`` seconds
+    after its start, or after ``started()`` is true when given; a killed run must still be
+    running when it is killed."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)]))
     cmd = [sys.executable, "-m", "topo.cli", "run", "topology.yaml", "--quiet", *args]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -228,9 +241,17 @@ def _run(tmp_path: Path, args: list[str], kill_after: float | None) -> None:
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err.decode()[-2000:]
         return
+    if started is not None:
+        deadline = time.monotonic() + 120
+        while not started() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert started(), "the run did not get under way within 120 s"
     time.sleep(kill_after)
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
+    assert proc.returncode == -signal.SIGKILL, \
+        f"the run ended before its kill (exit {proc.returncode}): it is too short; {proc.stderr.read().decode()[-2000:]}"
+    proc.stderr.close()
 
 
 @pytest.mark.parametrize("checkpoints", [False, True], ids=["acks", "checkpoints"])
@@ -244,8 +265,10 @@ def test_killed_mid_run_then_restarted_every_entry_is_processed(redis_url: str, 
     args = ["--config", "checkpoint.interval_ms=300"] if checkpoints else []
     rng = random.Random(2)
     was_pending = []
-    for _ in range(3):
-        _run(tmp_path, args, kill_after=rng.uniform(1.0, 2.0))
+    for i in range(3):                      # the first once it has read entries, however slow to start
+        started = (lambda: _pending_or_0(redis_url, "words", "counters") > 0) if i == 0 else None
+        _run(tmp_path, args, kill_after=rng.uniform(0.0, 1.0) if i == 0 else rng.uniform(1.0, 2.0),
+             started=started)
         was_pending.append(pending(redis_url, "words", "counters"))
     for _ in range(20):                     # then runs that stop by themselves, until all is read
         _run(tmp_path, [*args, "--duration", "2"], kill_after=None)
