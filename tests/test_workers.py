@@ -47,6 +47,45 @@ def _topo_run(cwd: Path, *args: str) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
+class _Output:
+    """A running process's stdout and stderr, read line by line as they come (so a test can
+    wait for what the process prints while it runs)."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc, self.out, self.err = proc, [], []
+        self.threads = [threading.Thread(target=self._read, args=(pipe, into), daemon=True)
+                        for pipe, into in ((proc.stdout, self.out), (proc.stderr, self.err))]
+        for t in self.threads:
+            t.start()
+
+    @staticmethod
+    def _read(pipe, into: list[str]) -> None:
+        for line in pipe:
+            into.append(line)
+
+    def wait_for(self, cond, timeout: float, what: str) -> None:
+        """Until ``cond()``; fails naming ``what`` if the process ends or ``timeout`` passes first."""
+        deadline = time.monotonic() + timeout
+        while not cond():
+            assert self.proc.poll() is None, f"the run ended before {what}: {''.join(self.err)[-2000:]}"
+            assert time.monotonic() < deadline, f"no {what} within {timeout} s: {''.join(self.out)[-2000:]}"
+            time.sleep(0.05)
+
+    def finish(self, timeout: float) -> tuple[str, str]:
+        """(stdout, stderr) once the process has ended."""
+        self.proc.wait(timeout)
+        for t in self.threads:
+            t.join(timeout)
+        return "".join(self.out), "".join(self.err)
+
+
+def _console_emitted(lines: list[str]) -> list[int]:
+    """The spout tuples of each plain console line of a ``topo run --workers 2``."""
+    return [int(m.group(1).replace(",", "")) for line in list(lines)
+            if line.startswith("[") and "] 2 workers, 2 tasks |" in line
+            and (m := re.search(r"spout tuples ([\d,]+)", line))]
+
+
 def test_placement_spreads_each_component_round_robin() -> None:
     b = TopologyBuilder("p")
     b.spout("s", Numbers(1))
@@ -103,6 +142,15 @@ def _numbers_into_sqlite(total: int, db: Path, delay_s: float = 0.0, **config: o
     return b.build()
 
 
+def _rows(db: Path) -> int:
+    """Rows in the sink's table (0 before it exists)."""
+    try:
+        with sqlite3.connect(db) as conn:
+            return conn.execute("SELECT count(*) FROM seen").fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
 @pytest.mark.parametrize("policy", ["none", "stepwise"])
 def test_a_worker_killed_mid_run_is_restarted_and_nothing_is_lost(tmp_path: Path, policy: str) -> None:
     """With stepwise on the served embedded coordinator, the killed worker's session (its
@@ -119,8 +167,13 @@ def test_a_worker_killed_mid_run_is_restarted_and_nothing_is_lost(tmp_path: Path
         t = threading.Thread(target=lambda: box.setdefault("result", sup.supervise(None)))
         t.start()
         try:
-            time.sleep(1.5)
+            # Killed once numbers went through it to the sink, and long before all of them did
+            # (20,000 at 0.2 ms each: over 4 s), however slow the workers are to start.
+            deadline = time.monotonic() + 60
+            while not _rows(db) and t.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.02)
             victim = sup.procs[1].process            # runs the pass bolt
+            assert 0 < _rows(db) < 20_000 and victim.is_alive(), "the pass bolt's worker was not killed mid-run"
             os.kill(victim.pid, signal.SIGKILL)
             t.join(240)
         finally:
@@ -152,9 +205,14 @@ def test_sigterm_drains_across_workers_and_accounts_for_every_tuple(tmp_path: Pa
     (tmp_path / "slow.yaml").write_text(SLOW)
     proc = subprocess.Popen(TOPO + ["run", "slow.yaml", "--workers", "2", "--config", "drain_timeout_s=3"],
                             cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(3)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
+    output = _Output(proc)
+    try:    # SIGTERM once the console shows tuples emitted (not a fixed time: the workers may be slow to start)
+        output.wait_for(lambda: any(_console_emitted(output.out)), 60, "console line with tuples emitted")
+        proc.send_signal(signal.SIGTERM)
+        out, err = output.finish(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
     assert proc.returncode == 0, err[-2000:]
     row = next(line for line in out.splitlines() if line.startswith("numbers")).split()
     emitted, acked, failed = (int(row[i].replace(",", "")) for i in (2, 4, 5))
@@ -280,21 +338,30 @@ def test_topo_run_with_workers_shows_every_worker_in_the_console_status_and_metr
     (tmp_path / "slow.yaml").write_text(SLOW)
     base = _free_ports(2)
     status = tmp_path / "status.json"
+    # No --duration: the run goes on until the test has seen all it checks, then stops on SIGTERM
+    # (a fixed duration ended the run before a slow machine got that far).
     proc = subprocess.Popen(TOPO + ["run", "slow.yaml", "--workers", "2", "--metrics-port", str(base),
-                                    "--duration", "6", "--config", f"status.path={status}"],
+                                    "--config", "drain_timeout_s=3", "--config", f"status.path={status}"],
                             cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    output = _Output(proc)
     try:
         deadline = time.monotonic() + 60
         pages = [_scrape(base + i, deadline) for i in (0, 1)]
         while True:       # topo status while the run goes on: every task of every worker
+            assert proc.poll() is None, "the run ended before topo status showed every task"
             shown = subprocess.run(TOPO + ["status", "--file", str(status)], env=_env(), capture_output=True,
                                    text=True, timeout=60)
             lines = shown.stdout.splitlines()
-            if shown.returncode == 0 and len(lines) == 4 or time.monotonic() > deadline:
+            if shown.returncode == 0 and len(lines) == 4:
                 break
+            assert time.monotonic() < deadline, f"topo status did not show every task within 60 s: {shown.stdout}"
             time.sleep(0.2)
+        output.wait_for(lambda: len(_console_emitted(output.out)) >= 3, 60, "three console lines")
+        proc.send_signal(signal.SIGTERM)
+        out, err = output.finish(120)
     finally:
-        out, err = proc.communicate(timeout=120)
+        if proc.poll() is None:
+            proc.kill()
     assert proc.returncode == 0, err[-2000:]
     for i, page in enumerate(pages):
         assert f'topo_tuples_emitted_total{{' in page and f'worker="{i}"' in page
@@ -305,9 +372,8 @@ def test_topo_run_with_workers_shows_every_worker_in_the_console_status_and_metr
     assert [(line.split()[0], line.split()[1], line.split()[-1]) for line in lines[2:]] == [
         ("numbers", "1", "0"), ("slow", "2", "1")]
     # (the first line may come before the workers' first report)
-    console = [line for line in out.splitlines() if line.startswith("[") and "] 2 workers, 2 tasks |" in line]
-    assert len(console) >= 3, out[-2000:]
-    emitted = [int(re.search(r"spout tuples ([\d,]+)", line).group(1).replace(",", "")) for line in console]
+    emitted = _console_emitted(out.splitlines())
+    assert len(emitted) >= 3, out[-2000:]
     assert emitted[-1] > emitted[0] >= 0          # live: the counts move from line to line
 
 
