@@ -102,6 +102,8 @@ def test_a_worker_killed_with_minus_9_rolls_every_worker_back_and_the_counts_are
                 time.sleep(0.05)
             if proc.poll() is not None:
                 break
+            assert len(workers) == 2 and not set(workers) & set(killed) and _checkpoints(tmp_path)[1] > last, \
+                "no new generation of two workers with a new checkpoint within 60 s"
             time.sleep(0.3)
             victim = workers[len(killed) % 2]
             assert _running(victim), "the worker finished before it could be killed: the run is too short"
@@ -147,8 +149,9 @@ def test_a_checkpoint_taken_by_workers_resumes_in_one_process(tmp_path: Path) ->
     proc.wait(30)
     assert _checkpoints(tmp_path)[0] >= 3 and len(workers) == 2
     for pid in workers:                          # (and stop without committing anything more)
-        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        while _running(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
+        assert not _running(pid), f"worker {pid} still runs after its supervisor was killed (the 60 s deadline passed)"
     partial = dict(read_table(str(tmp_path / "words.db"), "word_counts"))
     expected = dict(expected_counts(repeat=REPEAT))
     assert partial and partial != expected           # killed mid-run, after some checkpoints
