@@ -68,9 +68,10 @@ def _signal_once_running(cmd: list[str], cwd: Path, sig: int) -> tuple[int, str,
 
     try:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not rows_written():
+        while time.monotonic() < deadline and not rows_written() and proc.poll() is None:
             time.sleep(0.2)
         assert proc.poll() is None, proc.communicate()
+        assert rows_written(), "no rows written within 60 s: the run never got under way"
         sent = time.monotonic()
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=30)
