@@ -82,11 +82,24 @@ def test_a_run_with_checkpoints_writes_the_exact_table(tmp_path: Path, pg_dsn: s
     assert sinks == {"wordcount/sink/0/word_counts", "wordcount/sink/1/word_counts"}
 
 
+def _paced(spec: str) -> str:
+    """``spec`` with a pacing stage ahead of the sink (5 ms every 16 words: ~20 s for
+    repeat=2000 instead of ~1 s, so every killed run dies mid-run) and 1,000 sentences in
+    flight (the paced backlog stays well under the message timeout)."""
+    paced = (spec.replace("max_spout_pending: 5000", "max_spout_pending: 1000")
+             .replace("  - id: sink\n", "  - {id: paced, class: checkpoint_components.SlowPass, "
+                      "kwargs: {delay_s: 0.005, every: 16}}\n  - id: sink\n")
+             .replace("{from: count, to: sink,", "{from: count, to: paced,"))
+    paced += "  - {from: paced, to: sink, grouping: {type: fields, fields: [word]}}\n"
+    assert paced.count("paced") == 3 and "max_spout_pending: 1000" in paced
+    return paced
+
+
 def test_four_kill9s_in_a_row_then_the_table_is_exact(tmp_path: Path, pg_dsn: str) -> None:
-    (tmp_path / "wc.yaml").write_text(WORDCOUNT.format(repeat=2000, sinks=1))
+    (tmp_path / "wc.yaml").write_text(_paced(WORDCOUNT.format(repeat=2000, sinks=1)))
     args = ["wc.yaml", "--config", "checkpoint.interval_ms=100"]
     tables = _kill_and_restart(tmp_path, args, kills=4, seed=7, window=(0.8, 1.8),
-                               read=lambda _: _counts(pg_dsn))
+                               read=lambda _: _counts(pg_dsn), mid_run=True)
     _never_backwards(tables)
     assert _counts(pg_dsn) == dict(expected_counts(repeat=2000))
     assert any(tables), "no kill landed after a checkpoint: the test did not exercise a restart"
