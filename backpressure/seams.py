@@ -1,7 +1,7 @@
 """The seam between an engine and flow control: everything a driver may use, declared.
 
 An engine hands flow control one ``TaskHandle`` per task. Through it flow control
-observes (queue bytes, observed emit rate, executed count) and acts (set or clear
+observes (queue bytes, observed emit rate, executed and emitted counts) and acts (set or clear
 the task's emit rate limit), and tells the engine what to *show* about the task
 (its step count, backpressure flag and ``originv``, and the signals it counted).
 Flow control never touches a queue, an emitter or a stats record itself, and the
@@ -50,6 +50,11 @@ class TaskHandle(Protocol):
 
     def executed_count(self) -> int:
         """Input tuples this task has executed so far (0 for spouts): service-rate meters read it."""
+        ...
+
+    def emitted_count(self) -> int:
+        """Tuples this task has emitted so far: a recent-rate meter reads it (stepwise's
+        ``step_from_recent_rate``; a driver not using that never calls it)."""
         ...
 
     def set_rate(self, tuples_per_second: float | None) -> None:

@@ -120,13 +120,21 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "stepwise+hops": {"backpressure.fine_steps": 16, "backpressure.bracket_search": True,
                       "backpressure.release_window_ms": 50, "backpressure.queue_smoothing_ms": 50,
                       "backpressure.bracket_interpolate": True, "backpressure.hold_starved_upstream": True},
+    # stepwise+hops that, once per episode, steps an upstream emitting far under its limit (waiting on a full
+    # queue) one step under what it emitted over the last sensitivity, not one step under its limit (c: steps
+    # from the limits the start burst left kept the slow task's queue near the hard bound for seconds).
+    "stepwise+recent": {"backpressure.fine_steps": 16, "backpressure.bracket_search": True,
+                        "backpressure.release_window_ms": 50, "backpressure.queue_smoothing_ms": 50,
+                        "backpressure.bracket_interpolate": True, "backpressure.hold_starved_upstream": True,
+                        "backpressure.step_from_recent_rate": True},
 }
 # The variants a whole run measures (the others run when named with --policies; their last figures are
 # in BENCHMARKS.md): the two combinations named for the goals.
 MATRIX_VARIANTS = ("stepwise+slopes", "stepwise+hops")
 # Run --repeat times (the others once): the reference, the baseline the goals are read against, the
 # document's default and the named combination.
-REPEATED = ("none", "source_stop", "stepwise", "stepwise+search", "stepwise+slopes", "stepwise+hops")
+REPEATED = ("none", "source_stop", "stepwise", "stepwise+search", "stepwise+slopes", "stepwise+hops",
+            "stepwise+recent")
 # (g)'s fast bolt: tuples/s of service between its pauses. Low enough that the process has CPU to
 # spare (without a service rate the bolt was bound by the CPU both cores share, so `none` measured
 # no capacity: the load moved it, and policies that did less work per tuple scored over 1.0).

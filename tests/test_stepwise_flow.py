@@ -12,9 +12,9 @@ from typing import AsyncIterator, Sequence
 
 import pytest
 
-from backpressure.policy.stepwise import StepwiseParams
+from backpressure.policy.stepwise import Recent, StepwiseParams
 from backpressure.seams import Direction, FlowDisplay
-from backpressure.drivers.stepwise import StepwiseFlowControl
+from backpressure.drivers.stepwise import RecentEmits, StepwiseFlowControl
 from coord_backends import Backend, backend, until, zookeeper  # noqa: F401
 from runtime.observe.stats import TaskStats
 
@@ -34,6 +34,7 @@ class FakeTask:
         self.is_spout = not upstream
         self.q = 0
         self.rate = rate
+        self.emitted = 0                    # the test counts what it "emits"
         self.limit: float | None = None
         self.history: list[float | None] = []
         self.stats = TaskStats("t", component, task_id, self.is_spout)
@@ -46,6 +47,9 @@ class FakeTask:
 
     def executed_count(self) -> int:
         return 0
+
+    def emitted_count(self) -> int:
+        return self.emitted
 
     def set_rate(self, tuples_per_second: float | None) -> None:
         self.limit = tuples_per_second
@@ -294,3 +298,43 @@ async def test_hold_starved_a_relay_holding_its_upstream_publishes_when_its_queu
             assert fc.states[2].queue_bytes == HIGH
     finally:
         await fc.stop()
+
+
+def test_recent_emits_counts_over_the_newest_sample_at_least_a_window_old() -> None:
+    meter = RecentEmits(window=0.25)
+    assert meter.recent(0.0, 0, None) is None            # nothing sampled yet
+    for i in range(9):                                   # every 125 ms, 10 tuples each
+        meter.sample(0.125 * i, 10 * i)
+    # at 1 s: the samples kept start at 0.75 s (the newest at least 0.25 s old)
+    assert meter.recent(1.0, 80, 7) == Recent(20, 0.25, 7)
+    assert meter.recent(1.0625, 83, None) == Recent(23, 0.3125, None)
+
+
+async def test_step_from_recent_rate_steps_a_spout_under_what_it_emitted_and_back_to_exactly_originv(
+        backend: Backend) -> None:
+    """The spout's meter says 20,000/s; it emits about 1,000/s (it waits on a full queue)."""
+    spout, bolt = FakeTask(1, "spout", rate=20_000.0), FakeTask(2, "bolt", [1])
+    params = StepwiseParams(step=0.5, high_mark=HIGH, low_mark=LOW, sensitivity=0.2, rate_floor=1.0,
+                            step_from_recent_rate=True)
+
+    async def emit() -> None:
+        while True:
+            await asyncio.sleep(0.01)
+            spout.emitted += 10
+
+    emitter = asyncio.create_task(emit())
+    try:
+        async with running(backend, [spout, bolt], params) as fc:
+            await asyncio.sleep(0.3)                     # a full window of emits
+            bolt.q = HIGH
+            fc.poll(bolt)
+            # One step under ~1,000/s on originv's steps: 20,000 x 0.5**6 (any rate in 625-1,250/s).
+            await until(lambda: spout.limit is not None, what="first step")
+            assert spout.limit == 20_000.0 * 0.5 ** 6 and fc.throttles[1].originv == 20_000.0
+            bolt.q = LOW
+            await until(lambda: spout.history[-1] is None, 10, what="released back to originv")
+            th = fc.throttles[1]
+            assert th.k == 0 and th.nominal_rate == 20_000.0 and th.originv == 20_000.0
+            assert spout.history == [20_000.0 * 0.5 ** k for k in range(6, 0, -1)] + [None]
+    finally:
+        emitter.cancel()

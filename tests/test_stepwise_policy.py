@@ -6,8 +6,8 @@ from typing import Callable
 
 import pytest
 
-from backpressure.policy.stepwise import (LIGHT, NORMAL, OVERLOADED, Downstream, PeerStates, StepwiseParams,
-                                          Throttle, UpstreamView, max_steps)
+from backpressure.policy.stepwise import (LIGHT, MIN_RECENT_TUPLES, NORMAL, OVERLOADED, Downstream, PeerStates,
+                                          Recent, StepwiseParams, Throttle, UpstreamView, max_steps)
 from backpressure.signals import BACKPRESSURE, RELEASE, Signal, SignalError, TaskState
 
 P = StepwiseParams(step=0.5, high_mark=50_000_000, low_mark=500_000, sensitivity=2.0, rate_floor=1.0)
@@ -27,6 +27,7 @@ class World:
         self.rates = rates or {}
         self.throttles: dict[int, Throttle] = {}
         self.sent: list[Signal] = []
+        self.recent: dict[int, Recent] = {}     # what each upstream emitted just now (step_from_recent_rate)
 
     def throttle(self, u: int) -> Throttle:
         return self.throttles.setdefault(u, Throttle(u, self.params))
@@ -49,7 +50,7 @@ class World:
 
     def deliver(self, sigs: list[Signal], now: float) -> None:
         for s in sigs:
-            self.throttle(s.target).on_signal(s, self.rates.get(s.target, 20_000.0), now)
+            self.throttle(s.target).on_signal(s, self.rates.get(s.target, 20_000.0), now, self.recent.get(s.target))
 
 
 # -- step 3-8: overload steps each direct upstream down by v' -------------------------------------
@@ -1376,3 +1377,135 @@ def test_release_below_overload_releases_one_part_at_a_time_for_sensitivity_afte
     assert ks(True, LOW // 4) == [14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 2]
     # a queue that stayed idle in the windows (the capacity rose well past the rate) still doubles
     assert ks(True, 0) == doubling
+
+
+# -- step_from_recent_rate (a setting; off in the document) -------------------------------------
+
+RP = replace(P, step_from_recent_rate=True)        # recent_window: sensitivity (2 s)
+
+
+def _recent(rate: float, queue_bytes: int | None = None, span: float = 2.0) -> Recent:
+    return Recent(round(rate * span), span, queue_bytes)
+
+
+def test_step_from_recent_rate_steps_one_step_under_what_the_upstream_emitted_when_far_under_its_limit() -> None:
+    w = World(RP, rates={1: 20_000.0})
+    w.recent[1] = _recent(2_500.0)      # its meter still says 20,000/s; it emitted 2,500/s just now
+    d = Downstream(10, [1], RP, now=0.0)
+    w.check(d, 0.0, HIGH)
+    th = w.throttles[1]
+    # One whole step under 2,500/s, on the steps of originv: 20,000 x 0.5**4; originv is the meter's figure.
+    assert th.k == 4 and th.rate == 1_250.0 and th.originv == 20_000.0
+    assert th.holds == {10: 4}                     # granted to the task that asked
+    w.check(d, 0.5, MID)                           # the acknowledgement: it adopts the grant
+    assert d.holds == {1: 4}
+
+
+def test_step_from_recent_rate_is_the_document_step_when_the_upstream_emits_near_its_limit() -> None:
+    for recent in (_recent(12_000.0), _recent(10_000.0)):     # at or over v' x 20,000: the limit binds
+        w = World(RP, rates={1: 20_000.0})
+        w.recent[1] = recent
+        w.check(Downstream(10, [1], RP, now=0.0), 0.0, HIGH)
+        assert w.throttles[1].k == 1 and w.throttles[1].rate == 10_000.0
+    w = World(P, rates={1: 20_000.0})              # the setting off: the document's step whatever it emitted
+    w.recent[1] = _recent(2_500.0)
+    w.check(Downstream(10, [1], P, now=0.0), 0.0, HIGH)
+    assert w.throttles[1].k == 1
+
+
+@pytest.mark.parametrize("recent", [
+    None,                                          # not measured
+    _recent(2_500.0, span=1.9),                    # the window is not full yet (a task just started)
+    Recent(MIN_RECENT_TUPLES - 1, 2.0),            # a stall: too few tuples to be a rate
+    _recent(2_500.0, queue_bytes=LOW),             # a bolt with no backlog emits what it receives
+])
+def test_step_from_recent_rate_ignores_a_short_or_stalled_window_and_a_bolt_without_backlog(
+        recent: Recent | None) -> None:
+    w = World(RP, rates={1: 20_000.0})
+    if recent is not None:
+        w.recent[1] = recent
+    w.check(Downstream(10, [1], RP, now=0.0), 0.0, HIGH)
+    assert w.throttles[1].k == 1
+
+
+def test_step_from_recent_rate_a_bolt_with_a_backlog_is_stepped_from_what_it_emitted() -> None:
+    w = World(RP, rates={1: 20_000.0})
+    w.recent[1] = _recent(2_500.0, queue_bytes=LOW + 1)     # waiting on a full queue downstream
+    w.check(Downstream(10, [1], RP, now=0.0), 0.0, HIGH)
+    assert w.throttles[1].k == 4
+
+
+def test_step_from_recent_rate_once_per_episode_then_the_document_steps() -> None:
+    w = World(RP, rates={1: 20_000.0})
+    w.recent[1] = _recent(2_500.0)
+    d = Downstream(10, [1], RP, now=0.0)
+    w.check(d, 0.0, HIGH)
+    assert w.throttles[1].k == 4
+    w.recent[1] = _recent(100.0)                   # far under the limit again: still one step
+    w.check(d, 2.0, HIGH)
+    w.check(d, 4.0, HIGH)
+    assert w.throttles[1].k == 6
+    d.observe(6.0, 0)
+    t = 6.0
+    while w.throttles[1].k:                        # released entirely
+        t += 2.0
+        w.check(d, t, 0)
+    w.rates[1], w.recent[1] = 16_000.0, _recent(1_000.0)
+    w.check(d, t + RP.originv_memory + 2.0, HIGH)  # a new episode: from the recent rate again
+    assert w.throttles[1].k == 5 and w.throttles[1].rate == 500.0 and w.throttles[1].originv == 16_000.0
+
+
+def test_step_from_recent_rate_not_in_an_episode_continuing_one_within_originv_memory() -> None:
+    w = World(RP, rates={1: 20_000.0})
+    d = Downstream(10, [1], RP, now=0.0)
+    w.check(d, 0.0, HIGH)                          # emits not measured: the document's step
+    d.observe(1.0, 0)
+    w.check(d, 3.0, 0)                             # released at 3.0
+    assert w.throttles[1].k == 0
+    w.recent[1] = _recent(2_500.0)                 # a source emitting all it has, under originv
+    w.check(d, 3.0 + RP.originv_memory - 0.5, HIGH)
+    assert w.throttles[1].k == 1 and w.throttles[1].rate == 10_000.0
+
+
+def test_step_from_recent_rate_originv_is_restored_exactly_after_an_episode_that_started_with_it() -> None:
+    originv = 12_345.678
+    w = World(RP, rates={1: originv})
+    w.recent[1] = _recent(1_000.0)
+    d = Downstream(10, [1], RP, now=0.0)
+    w.check(d, 0.0, HIGH)
+    th = w.throttles[1]
+    k = th.k
+    assert k == 5 and th.rate == originv * 0.5 ** 5
+    up = []
+    d.observe(2.0, LOW)
+    t = 2.0
+    while th.k > 0:
+        t += 2.0
+        w.check(d, t, LOW)
+        up.append(th.nominal_rate)
+    assert up == [originv * 0.5 ** i for i in range(k - 1, -1, -1)]
+    assert th.k == 0 and th.rate is None and not th.backpressure
+    assert th.nominal_rate == originv and th.originv == originv       # ==, not approx
+
+
+def test_step_from_recent_rate_siblings_of_one_component_still_cost_one_step_per_sensitivity_window() -> None:
+    w = World(RP, rates={1: 16_000.0})
+    w.recent[1] = _recent(2_000.0)
+    sibs = [Downstream(10 + i, [1], RP, now=0.0) for i in range(4)]
+    t = 0.0
+    ks = []
+    while t < 3.9:                     # tasks cross the high mark 0.3 s apart and stay over it
+        for i, d in enumerate(sibs):
+            if t >= 0.3 * i:
+                tick(w, d, t, HIGH)
+        ks.append(w.throttles[1].k)
+        t = round(t + 0.05, 2)
+    # The first step goes under 2,000/s (k 4), one more a sensitivity later, never one per sibling.
+    assert ks[0] == 4 and set(ks[:40]) == {4} and ks[-1] == 5, ks
+    assert sum(w.throttles[1].holds.values()) == 5
+
+
+def test_step_from_recent_rate_comes_from_the_config_and_is_off_by_default() -> None:
+    from topo.config import resolve
+    assert not StepwiseParams.from_config(resolve({})).step_from_recent_rate
+    assert StepwiseParams.from_config(resolve({"backpressure.step_from_recent_rate": True})).step_from_recent_rate

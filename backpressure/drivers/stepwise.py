@@ -23,22 +23,49 @@ with a ``Coordinator`` carrying what they say to each other.
   forgetting a task whose state stayed gone for ``grace``) is the pure
   ``policy.stepwise.PeerStates``'s decision; the timer asks it which gone tasks
   expired. ``stop`` releases everything this run holds.
+* Under ``step_from_recent_rate`` the timer also samples every task's emitted
+  count, and each throttle is told what its task emitted over the last
+  ``recent_window`` (``RecentEmits``).
 """
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import secrets
 import time
 from typing import Callable, Sequence
 
 from backpressure.coordinator.base import Coordinator
-from backpressure.policy.stepwise import (Downstream, PeerStates, RateChange, StateOutcome, StepwiseParams,
-                                          Throttle)
+from backpressure.policy.stepwise import (Downstream, PeerStates, RateChange, Recent, StateOutcome,
+                                          StepwiseParams, Throttle)
 from backpressure.seams import FlowDisplay, RateListener, TaskHandle
 from backpressure.signals import Signal, TaskState
 
 log = logging.getLogger(__name__)
+
+
+class RecentEmits:
+    """A task's emitted count sampled on the timer, kept for one window: its recent emit rate.
+
+    The rate meter is an average over seconds; this answers "what did it emit just now"."""
+
+    def __init__(self, window: float) -> None:
+        self.window = window
+        self.samples: collections.deque[tuple[float, int]] = collections.deque()
+
+    def sample(self, now: float, count: int) -> None:
+        s = self.samples
+        s.append((now, count))
+        while len(s) >= 2 and s[1][0] <= now - self.window:
+            s.popleft()           # keep the newest sample at least a window old
+
+    def recent(self, now: float, count: int, queue_bytes: int | None) -> Recent | None:
+        """What was emitted since the oldest sample kept; None before any."""
+        if not self.samples:
+            return None
+        t0, c0 = self.samples[0]
+        return Recent(count - c0, now - t0, queue_bytes)
 
 
 class StepwiseFlowControl:
@@ -72,6 +99,7 @@ class StepwiseFlowControl:
         self._running = False
         self._idle: dict[int, bool] = {}               # hold_starved: bolt task -> its queue was idle
         self._idle_published: dict[int, float] = {}    # hold_starved: when it last published for that
+        self._recent: dict[int, RecentEmits] = {}      # step_from_recent_rate: task -> its recent emits
 
     @property
     def states(self) -> dict[int, TaskState]:
@@ -89,6 +117,7 @@ class StepwiseFlowControl:
                 self.downstreams[h.task_id] = Downstream(h.task_id, h.upstream_task_ids, self.params,
                                                          now, self.run)
             self._show(h.task_id)
+        self._sample_recent(now)
         await self.coordinator.start(self.handles, self._on_state)
         self._running = True
         for task_id in self.handles:
@@ -140,6 +169,22 @@ class StepwiseFlowControl:
     def _rate_of(self, task_id: int) -> float:
         return self.handles[task_id].observed_rate()
 
+    def _sample_recent(self, now: float) -> None:
+        if not self.params.step_from_recent_rate:
+            return
+        for task_id, h in self.handles.items():
+            meter = self._recent.get(task_id)
+            if meter is None:
+                meter = self._recent[task_id] = RecentEmits(self.params.recent_window)
+            meter.sample(now, h.emitted_count())
+
+    def _recent_of(self, task_id: int) -> Recent | None:
+        meter = self._recent.get(task_id)
+        if meter is None:
+            return None
+        h = self.handles[task_id]
+        return meter.recent(self.clock(), h.emitted_count(), None if h.is_spout else h.queue_bytes())
+
     def _check(self, d: Downstream, now: float, q: int) -> None:
         for sig in d.check(now, q, self.peers.view):
             self._send(sig)
@@ -163,7 +208,7 @@ class StepwiseFlowControl:
             return
         self.handles[sig.target].count_signal("received", sig.kind)
         before = th.applied.get(sig.source)
-        change = th.on_signal(sig, self._rate_of(sig.target), self.clock())
+        change = th.on_signal(sig, self._rate_of(sig.target), self.clock(), self._recent_of(sig.target))
         if change is not None:
             self._act(sig.target, change)
         elif th.applied.get(sig.source) != before:
@@ -171,7 +216,7 @@ class StepwiseFlowControl:
 
     def _on_state(self, task: int, state: TaskState | None) -> None:
         """Every state change of every task (the taskstate/ watch)."""
-        self._carry_out(self.peers.update(task, state, self.clock(), self._rate_of))
+        self._carry_out(self.peers.update(task, state, self.clock(), self._rate_of, self._recent_of))
 
     def _carry_out(self, out: StateOutcome) -> None:
         for tid, change in out.changes:
@@ -198,8 +243,10 @@ class StepwiseFlowControl:
         while True:
             await asyncio.sleep(self.period)
             now = self.clock()
+            self._sample_recent(now)
             for task_id, th in self.throttles.items():
-                change = th.refresh(self._rate_of(task_id), now) if th.holds and not th.in_episode else th.tick(now)
+                change = (th.refresh(self._rate_of(task_id), now, self._recent_of(task_id))
+                          if th.holds and not th.in_episode else th.tick(now))
                 if change is not None:
                     self._act(task_id, change)
             self._carry_out(self.peers.expire(now, self._rate_of))

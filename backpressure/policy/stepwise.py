@@ -213,6 +213,26 @@ this setting each release for ``sensitivity`` after such a window is one part, u
 in the window (under 1/32 of the low mark: the rate is well under the capacity, which rose); then doubling
 resumes, so a capacity that really rose is still reached.
 
+Steps from the rate emitted just now (a setting; off in the document)
+--------------------------------------------------------------------
+``step_from_recent_rate``: the document steps to v' x "the current rate"; the policy reads that as the
+limit in force (``originv``, the rate meter's figure, at the first step). An upstream that waits on a full
+queue downstream emits far less than its limit: an endless spout whose meter (an average over seconds)
+still carries its start burst, or a relay bolt forwarding what the slow task's full queue admits (the
+overload matrix's (c)). A whole step from its limit leaves it over the capacity, and at one step per
+``sensitivity`` the bottleneck's queue stands near the hard bound for seconds. With this setting, the
+first step down of a new episode that finds the upstream's emits over the last ``recent_window`` (one
+``sensitivity``) under v' x its limit in force goes one whole step under those emits instead. Once per
+episode: later steps are the document's (emits read while the queue below drains are no capacity). Not
+in an episode that continues one within ``originv_memory``: there ``originv`` is the last episode's (or,
+under ``bracket_search``, one step over it), and a source that emits all it has, under that limit, is not
+waiting on a queue (the matrix's (e), where it raised the rate CoV). ``k`` still counts steps of
+``originv``, granted to the task that asked (its release gives them back one at a time, to ``originv``
+exactly), and the step-6 rule is unchanged, so siblings still cost one step per ``sensitivity``. The
+emits do not count from a window
+that is not full (a task just started), that holds under ``MIN_RECENT_TUPLES`` (a stall), or from a bolt
+whose queue is at or under the low mark (it emits what it receives, not what it could).
+
 Two more settings (off in the document)
 ---------------------------------------
 * ``release_window``: the low mark must hold this long (instead of ``sensitivity``)
@@ -236,6 +256,7 @@ from typing import Any, Callable, Iterable, Mapping
 from backpressure.signals import BACKPRESSURE, RELEASE, Signal, TaskState
 
 SETTLE = 3.0    # bracket_interpolate: time constants of the smoothed level after which a step shows in it
+MIN_RECENT_TUPLES = 8   # step_from_recent_rate: the fewest tuples in the window that make a rate (fewer: a stall)
 OVERLOADED = "overloaded"
 NORMAL = "normal"
 LIGHT = "light"
@@ -262,6 +283,7 @@ class StepwiseParams:
     bracket_interpolate: bool = False   # bracket_search: move to where the queue's slopes put the capacity
     hold_starved: bool = False          # no release of an upstream bolt starved by its own backpressure
     release_below_overload: bool = False  # bracket_search: one part per release just after light read where it overloaded
+    step_from_recent_rate: bool = False  # once an episode: a step under what the upstream emitted just now
     hard_bound: int | None = None       # queue bytes at which emit waits (None: 2 x high_mark)
 
     def __post_init__(self) -> None:
@@ -296,6 +318,11 @@ class StepwiseParams:
         return (self.high_mark + bound) / 2
 
     @property
+    def recent_window(self) -> float:
+        """``step_from_recent_rate``: the span an upstream's recent emit rate is read over."""
+        return self.sensitivity
+
+    @property
     def resend_after(self) -> float:
         return self.resend_factor * self.sensitivity
 
@@ -316,12 +343,23 @@ class StepwiseParams:
                    bracket_interpolate=bool(config.get("backpressure.bracket_interpolate", False)),
                    hold_starved=bool(config.get("backpressure.hold_starved_upstream", False)),
                    release_below_overload=bool(config.get("backpressure.release_below_overload", False)),
+                   step_from_recent_rate=bool(config.get("backpressure.step_from_recent_rate", False)),
                    hard_bound=None if config.get("queue.hard_bound") is None else int(config["queue.hard_bound"]))
 
 
 def scaled_rate(originv: float, step: float, k: int, fine_steps: int) -> float:
     """``originv * step**(k / fine_steps)``; the same expression both ways, so it is exact."""
     return originv * step ** k if fine_steps == 1 else originv * step ** (k / fine_steps)
+
+
+@dataclass(frozen=True)
+class Recent:
+    """What a task emitted over its last ``recent_window`` (``step_from_recent_rate``), and its input
+    queue then (None: a spout): a bolt with no backlog emits what it receives, not what it could."""
+
+    tuples: int
+    span: float
+    queue_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -726,6 +764,10 @@ class Downstream:
             del self.pending[u]
             granted = v.granted.get(self.task_id, 0)
             if granted > 0:
+                mv = self.moved.get(u)
+                mv = self.moved.get(u)
+                if mv is not None and granted > pend.signal.k and self.params.step_from_recent_rate:
+                    self.moved[u] = (mv[0], mv[1], mv[2] + granted - pend.signal.k)   # stepped under its recent rate
                 self.holds[u] = self.wants[u] = granted
             else:
                 self.holds.pop(u, None)
@@ -762,6 +804,7 @@ class Throttle:
         self.stepped_by = -1
         self.released_at: float | None = None
         self.holding = False                  # k == 0 but the limit stays at originv (originv_hold)
+        self.recent_stepped = False           # step_from_recent_rate: no step from it (left) in this episode
 
     @property
     def backpressure(self) -> bool:
@@ -792,19 +835,23 @@ class Throttle:
     def step_age(self, now: float) -> float | None:
         return None if self.stepped_at is None else now - self.stepped_at
 
-    def on_signal(self, sig: Signal, observed_rate: float, now: float) -> RateChange | None:
-        """Apply one signal addressed to this task; stale or repeated ones change nothing."""
+    def on_signal(self, sig: Signal, observed_rate: float, now: float,
+                  recent: Recent | None = None) -> RateChange | None:
+        """Apply one signal addressed to this task; stale or repeated ones change nothing.
+
+        ``recent``: what this task emitted over the last ``recent_window`` (read only by
+        ``step_from_recent_rate``)."""
         if sig.target != self.task_id or not self._newer(sig.source, sig.run, sig.seq):
             return None
         k = min(sig.k, self.holds.get(sig.source, 0)) if sig.kind == RELEASE else sig.k
-        return self._request(sig.source, k, observed_rate, now)
+        return self._request(sig.source, k, observed_rate, now, recent)
 
     def reconcile(self, source: int, held: int, run: int, seq: int, observed_rate: float,
-                  now: float) -> RateChange | None:
+                  now: float, recent: Recent | None = None) -> RateChange | None:
         """Apply a downstream's published request for this task (as of its ``(run, seq)``)."""
         if not self._newer(source, run, seq):
             return None
-        return self._request(source, held, observed_rate, now)
+        return self._request(source, held, observed_rate, now, recent)
 
     def forget(self, source: int, observed_rate: float, now: float) -> RateChange | None:
         """A downstream is gone: whatever it held is released."""
@@ -819,10 +866,10 @@ class Throttle:
         self.holds.clear()
         return self._recompute(0.0, now, -1)
 
-    def refresh(self, observed_rate: float, now: float) -> RateChange | None:
+    def refresh(self, observed_rate: float, now: float, recent: Recent | None = None) -> RateChange | None:
         """Held but not yet stepped because the rate was not measurable: try again."""
         if self.holds and not self.in_episode:
-            return self._recompute(observed_rate, now, max(self.holds, key=self.holds.__getitem__))
+            return self._recompute(observed_rate, now, max(self.holds, key=self.holds.__getitem__), recent, True)
         return None
 
     def tick(self, now: float) -> RateChange | None:
@@ -845,15 +892,17 @@ class Throttle:
         self.applied[source] = (run, seq)
         return True
 
-    def _request(self, source: int, k: int, observed_rate: float, now: float) -> RateChange | None:
+    def _request(self, source: int, k: int, observed_rate: float, now: float,
+                 recent: Recent | None = None) -> RateChange | None:
         h = self.holds.get(source, 0)
         if k > h:
             k = self._grant(source, h, k, now)
+        down = k > h
         if k > 0:
             self.holds[source] = k
         else:
             self.holds.pop(source, None)
-        return self._recompute(observed_rate, now, source)
+        return self._recompute(observed_rate, now, source, recent, down)
 
     def _grant(self, source: int, h: int, k: int, now: float) -> int:
         """How far a request to go from ``h`` to ``k`` steps is granted (step 6 and the floor)."""
@@ -863,13 +912,17 @@ class Throttle:
         cap = self.k_max if self.in_episode else self.params.fine_steps
         return max(h, min(k, h + self.params.fine_steps, cap - others))
 
-    def _recompute(self, observed_rate: float, now: float, source: int) -> RateChange | None:
+    def _recompute(self, observed_rate: float, now: float, source: int,
+                   recent: Recent | None = None, down: bool = False) -> RateChange | None:
+        """The step count the holds add up to, and the limit it means; ``down``: ``source`` was just
+        granted a step down."""
         p = self.params
         want = sum(self.holds.values())
         if want > 0 and not self.in_episode:        # the first step: record originv
             originv = float(observed_rate)
-            if (self.originv is not None and self.released_at is not None
-                    and now - self.released_at < p.originv_memory):
+            continued = (self.originv is not None and self.released_at is not None
+                         and now - self.released_at < p.originv_memory)
+            if continued:
                 # Under bracket_search a source overloading again soon after it was let go entirely
                 # ran faster than that originv (its meter lags the burst): one whole step over the
                 # first episode's, however many follow.
@@ -880,8 +933,16 @@ class Throttle:
             if k_max == 0:
                 return None     # no steppable rate measured yet (a task just started): wait for one
             self.in_episode, self.originv, self.k_max = True, originv, k_max
+            self.recent_stepped = continued     # step_from_recent_rate: in a new episode only
         elif want == 0:
             self.in_episode = False
+        if (down and p.step_from_recent_rate and self.in_episode and not self.recent_stepped
+                and source in self.holds):
+            deeper = self._under_recent(recent) - want
+            if deeper > 0:
+                self.recent_stepped = True
+                self.holds[source] += deeper      # granted to the task that asked: its release gives it back
+                want += deeper
         old = self.k
         self.k = min(want, self.k_max) if self.in_episode else 0
         if self.k == old:
@@ -894,6 +955,26 @@ class Throttle:
             self.stepped_at, self.stepped_by = None, -1
             self.holding = p.originv_hold > 0 and want == 0 and source != -1
         return RateChange(self.rate)
+
+
+    def _under_recent(self, recent: Recent | None) -> int:
+        """``step_from_recent_rate``: the step count one whole step under what this task emitted over
+        the last ``recent_window``, when that is under v' x the limit in force (``originv`` when free):
+        the task is not emitting at its limit but at what a full queue downstream admits, so a step from
+        the limit would still leave it over the capacity. 0 (no such step) when the window is not full,
+        holds under ``MIN_RECENT_TUPLES`` (a stall), or the task is a bolt with its queue at or under the
+        low mark (it emits what it receives: its rate says nothing of what it could emit).
+        """
+        p = self.params
+        if (recent is None or self.originv is None or recent.span < p.recent_window
+                or recent.tuples < MIN_RECENT_TUPLES
+                or (recent.queue_bytes is not None and recent.queue_bytes <= p.low_mark)):
+            return 0
+        rate = recent.tuples / recent.span
+        if rate >= p.step * scaled_rate(self.originv, p.step, self.k, p.fine_steps):
+            return 0
+        k = math.ceil(p.fine_steps * (1.0 + math.log(rate / self.originv) / math.log(p.step)) - 1e-9)
+        return min(k, self.k_max)
 
 
 def max_steps(originv: float, step: float, floor: float, fine_steps: int = 1) -> int:
@@ -950,9 +1031,11 @@ class PeerStates:
     def view(self, task: int) -> UpstreamView | None:
         return self.views.get(task)
 
-    def update(self, task: int, state: TaskState | None, now: float,
-               rate_of: Callable[[int], float]) -> StateOutcome:
-        """Apply one state change of ``task`` (None: its state znode disappeared)."""
+    def update(self, task: int, state: TaskState | None, now: float, rate_of: Callable[[int], float],
+               recent_of: Callable[[int], Recent | None] | None = None) -> StateOutcome:
+        """Apply one state change of ``task`` (None: its state znode disappeared).
+
+        ``recent_of``: what our task emitted over the last ``recent_window`` (None: not read)."""
         out = StateOutcome()
         if state is None:
             self.states.pop(task, None)
@@ -981,7 +1064,8 @@ class PeerStates:
             held = state.holds.get(tid, 0)
             if held or task in th.holds:
                 before = th.applied.get(task)
-                change = th.reconcile(task, held, run, state.seq, rate_of(tid), now)
+                change = th.reconcile(task, held, run, state.seq, rate_of(tid), now,
+                                      recent_of(tid) if recent_of is not None else None)
                 self._record(out, tid, change, th.applied.get(task) != before)
         return out
 

@@ -173,6 +173,9 @@ class _TaskBase:
     def executed_count(self) -> int:
         return self.stats.executed
 
+    def emitted_count(self) -> int:
+        return self.stats.emitted
+
     def set_rate(self, tuples_per_second: float | None) -> None:
         if tuples_per_second is None:
             if self.limiter.rate is not None and self.stats.emitted_at_first_release is None:
