@@ -52,18 +52,16 @@ def _counts(db: Path) -> dict[str, int]:
 
 def _kill_and_restart(tmp_path: Path, args: list[str], kills: int, seed: int,
                       window: tuple[float, float],
-                      read: Callable[[Path], dict[str, int]] | None = None,
-                      mid_run: bool = False) -> list[dict[str, int]]:
+                      read: Callable[[Path], dict[str, int]] | None = None) -> list[dict[str, int]]:
     """``kills`` runs killed with SIGKILL at random points, then one run to the end.
     Returns the table after each killed run (``read(tmp_path)``; by default the
     SQLite sink's word_counts), for the monotonicity check.
 
     The first run is killed a random time *after* its first rows are in the table
     (a checkpoint completed), however slow the machine is to start it, so at least
-    one kill lands after a checkpoint; the others at a random time from their start. With
-    ``mid_run`` the first run must write rows within 120 s and each run must still be running
-    when it is killed (the topology must last longer than all the killed runs together), or
-    the kill tested nothing."""
+    one kill lands after a checkpoint; the others at a random time from their start. The
+    first run must write rows within 120 s and each run must still be running when it is
+    killed (the topology must outlast all the killed runs together), or a kill tested nothing."""
     read = read or (lambda d: _counts(d / "wordcount.db"))
     rng = random.Random(seed)
     seen = []
@@ -74,13 +72,13 @@ def _kill_and_restart(tmp_path: Path, args: list[str], kills: int, seed: int,
             deadline = time.monotonic() + 120
             while not read(tmp_path) and proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.02)
-            assert read(tmp_path) or not mid_run, "the first run wrote no rows within 120 s"
+            assert read(tmp_path), "the first run wrote no rows within 120 s"
             time.sleep(rng.uniform(0, window[1] - window[0]))
         else:
             time.sleep(rng.uniform(*window))
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
-        assert proc.returncode == -signal.SIGKILL or not mid_run, \
+        assert proc.returncode == -signal.SIGKILL, \
             f"killed run {i + 1} had ended before its kill (exit {proc.returncode}): the topology is too short"
         seen.append(read(tmp_path))
     done = subprocess.run(TOPO + ["run", *args, "--quiet"], cwd=tmp_path, env=_env(),
@@ -113,7 +111,7 @@ def _paced_wordcount(tmp_path: Path) -> str:
 
 def test_ten_kill9s_in_a_row_then_the_table_is_exact(tmp_path: Path) -> None:
     args = [_paced_wordcount(tmp_path), "--config", "checkpoint.interval_ms=100"]
-    tables = _kill_and_restart(tmp_path, args, kills=10, seed=11, window=(0.4, 1.6), mid_run=True)
+    tables = _kill_and_restart(tmp_path, args, kills=10, seed=11, window=(0.4, 1.6))
     _never_backwards(tables)
     assert _counts(tmp_path / "wordcount.db") == dict(expected_counts(repeat=2000))
     assert any(tables), "no kill landed after a checkpoint: the test did not exercise a restart"
@@ -154,7 +152,7 @@ def test_timeouts_small_enough_to_replay_roll_back_and_the_table_is_exact(tmp_pa
 def test_kill9_with_replays_then_the_table_is_exact(tmp_path: Path) -> None:
     (tmp_path / "replaying.yaml").write_text(REPLAYING)
     args = ["replaying.yaml", "--config", "checkpoint.interval_ms=100", "--config", "message_timeout_s=0.3"]
-    tables = _kill_and_restart(tmp_path, args, kills=5, seed=5, window=(0.5, 2.0), mid_run=True)
+    tables = _kill_and_restart(tmp_path, args, kills=5, seed=5, window=(0.5, 2.0))
     _never_backwards(tables)
     assert _counts(tmp_path / "wordcount.db") == dict(expected_counts(repeat=300))
 

@@ -99,7 +99,7 @@ def test_four_kill9s_in_a_row_then_the_table_is_exact(tmp_path: Path, pg_dsn: st
     (tmp_path / "wc.yaml").write_text(_paced(WORDCOUNT.format(repeat=2000, sinks=1)))
     args = ["wc.yaml", "--config", "checkpoint.interval_ms=100"]
     tables = _kill_and_restart(tmp_path, args, kills=4, seed=7, window=(0.8, 1.8),
-                               read=lambda _: _counts(pg_dsn), mid_run=True)
+                               read=lambda _: _counts(pg_dsn))
     _never_backwards(tables)
     assert _counts(pg_dsn) == dict(expected_counts(repeat=2000))
     assert any(tables), "no kill landed after a checkpoint: the test did not exercise a restart"
