@@ -765,7 +765,6 @@ class Downstream:
             granted = v.granted.get(self.task_id, 0)
             if granted > 0:
                 mv = self.moved.get(u)
-                mv = self.moved.get(u)
                 if mv is not None and granted > pend.signal.k and self.params.step_from_recent_rate:
                     self.moved[u] = (mv[0], mv[1], mv[2] + granted - pend.signal.k)   # stepped under its recent rate
                 self.holds[u] = self.wants[u] = granted
