@@ -121,14 +121,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     return out
 
 
+def _cell(d: dict[str, Any]) -> str:
+    """A phase's median, and the range of the rounds' medians in brackets."""
+    rounds = d["round_medians_ms"]
+    return f"{d['median_ms']:.0f} ({min(rounds):.0f}-{max(rounds):.0f})"
+
+
 def table(out: dict[str, Any]) -> str:
     s = out["summary"]
     lines = ["| phase | spark (Spark's default) ms | filesystem ms | ratio |", "|---|---|---|---|"]
     for phase in PHASES:
-        sp, fs = s["spark"][phase], s["filesystem"][phase]
-        rng = lambda d: f"{min(d['round_medians_ms']):.0f}-{max(d['round_medians_ms']):.0f}"  # noqa: E731
         ratio = s["ratio_filesystem_over_spark"].get(phase)
-        lines.append(f"| {phase} | {sp['median_ms']:.0f} ({rng(sp)}) | {fs['median_ms']:.0f} ({rng(fs)}) | "
+        lines.append(f"| {phase} | {_cell(s['spark'][phase])} | {_cell(s['filesystem'][phase])} | "
                      f"{'-' if ratio is None else f'{ratio:.2f}'} |")
     return "\n".join(lines)
 
