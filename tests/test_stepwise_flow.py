@@ -338,3 +338,22 @@ async def test_step_from_recent_rate_steps_a_spout_under_what_it_emitted_and_bac
             assert spout.history == [20_000.0 * 0.5 ** k for k in range(6, 0, -1)] + [None]
     finally:
         emitter.cancel()
+
+
+async def test_step_from_recent_rate_a_relay_released_by_its_downstream_forgets_where_its_spout_overloaded_it(
+        backend: Backend) -> None:
+    spout, relay, sink = FakeTask(1, "spout", rate=20_000.0), FakeTask(2, "relay", [1], rate=5_000.0), \
+        FakeTask(3, "sink", [2])
+    params = StepwiseParams(step=0.5, high_mark=HIGH, low_mark=LOW, sensitivity=0.2, rate_floor=1.0,
+                            fine_steps=8, bracket_search=True, step_from_recent_rate=True)
+    async with running(backend, [spout, relay, sink], params) as fc:
+        sink.q = relay.q = HIGH
+        fc.poll(sink)
+        fc.poll(relay)
+        await until(lambda: fc.downstreams[2].over.get(1, 0) > 0, what="the relay saw its spout overload it")
+        relay.q = (HIGH + LOW) // 2                 # neither overloaded nor light: it holds what it has
+        assert relay.limit is not None
+        limited = relay.limit
+        sink.q = 0                                  # the sink releases the relay
+        await until(lambda: relay.limit is None or relay.limit > limited, 5, what="the relay's limit rose")
+        assert 1 not in fc.downstreams[2].over and fc.throttles[1].k > 0

@@ -1509,3 +1509,33 @@ def test_step_from_recent_rate_comes_from_the_config_and_is_off_by_default() -> 
     from topo.config import resolve
     assert not StepwiseParams.from_config(resolve({})).step_from_recent_rate
     assert StepwiseParams.from_config(resolve({"backpressure.step_from_recent_rate": True})).step_from_recent_rate
+
+
+@pytest.mark.parametrize("recent_rate, releases", [(True, [8, 0]), (False, [12, 10])])
+def test_step_from_recent_rate_a_bolt_whose_own_limit_rose_forgets_where_its_upstream_overloaded_it(
+        recent_rate: bool, releases: list[int]) -> None:
+    w, d, th, params = _searching()
+    if recent_rate:
+        d.params = replace(params, step_from_recent_rate=True)
+    w.check(d, 0.0, HIGH)                 # k 8
+    w.check(d, 2.0, HIGH)                 # over at 8: 16
+    assert th.k == 16 and d.over == {1: 8}
+    d.own_limit_rose()                    # its downstream released it: it admits more than it did at k 8
+    ks = []
+    for t in (4.0, 6.0, 8.0):
+        w.check(d, t, 0)
+        ks.append(th.k)
+    # With the setting no rate is known to overload it: whole steps up (the document's release); without
+    # it the bracket (8, 16) stands: its middle, 12, then 10.
+    assert ks[1:] == releases
+
+
+def test_step_from_recent_rate_a_release_is_marked_as_the_limit_rising() -> None:
+    th = Throttle(1, RP)
+    th.on_signal(Signal(BACKPRESSURE, 1, 10, 1, 1, 0.0), 20_000.0, 0.0)
+    down = th.on_signal(Signal(BACKPRESSURE, 1, 10, 2, 2, 2.0), 20_000.0, 2.0)
+    up = th.on_signal(Signal(RELEASE, 1, 10, 1, 3, 4.0), 20_000.0, 4.0)
+    off = th.on_signal(Signal(RELEASE, 1, 10, 0, 4, 6.0), 20_000.0, 6.0)
+    assert down is not None and not down.up and down.rate == 5_000.0
+    assert up is not None and up.up and up.rate == 10_000.0
+    assert off is not None and off.up and off.rate is None

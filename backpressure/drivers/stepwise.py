@@ -225,6 +225,8 @@ class StepwiseFlowControl:
             self._mark(tid)
 
     def _act(self, task_id: int, change: RateChange) -> None:
+        if change.up and task_id in self.downstreams:
+            self.downstreams[task_id].own_limit_rose()
         self.handles[task_id].set_rate(change.rate)
         self._show(task_id)
         if self.on_rate_change is not None:

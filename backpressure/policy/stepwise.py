@@ -233,6 +233,13 @@ emits do not count from a window
 that is not full (a task just started), that holds under ``MIN_RECENT_TUPLES`` (a stall), or from a bolt
 whose queue is at or under the low mark (it emits what it receives, not what it could).
 
+Under ``bracket_search`` a bolt whose own limit rises (its downstream released it) forgets where its
+upstreams overloaded it (``over``, with its slope and creep): it saw those overloads on its queue while its own
+limit bound (the relay of (c), cut under its emits, fills its own queue and steps the spout down to what it
+admits then), so they are no evidence against those rates once it admits more. Without this the relay's
+releases of the spout crept through that stale bracket, one part at a time, while the slow task ran out of
+backlog: it idled for about half a second after its first episode (goodput 0.92-0.94 in (c) with acking).
+
 Two more settings (off in the document)
 ---------------------------------------
 * ``release_window``: the low mark must hold this long (instead of ``sensitivity``)
@@ -586,6 +593,14 @@ class Downstream:
     def mid_step(self, upstream: int) -> bool:
         return upstream in self.pending
 
+    def own_limit_rose(self) -> None:
+        """``step_from_recent_rate`` with ``bracket_search``: this task's own emit limit rose (its downstream
+        released it). The overloads it saw on its queue were read while that limit bound (a relay cut under
+        its emits fills its own queue); the upstream rates they mark as too high may not be any more."""
+        if self.params.step_from_recent_rate and self.params.bracket_search:
+            for side in (self.over, self.over_slope, self.creep):
+                side.clear()
+
     def _block(self, u: int, until: float) -> None:
         self.blocked.add(u)
         self.retry_at = until if self.retry_at is None else min(self.retry_at, until)
@@ -780,9 +795,11 @@ class Downstream:
 
 @dataclass(frozen=True)
 class RateChange:
-    """What a ``Throttle`` asks the runtime to do: set this rate, or (None) limiter off."""
+    """What a ``Throttle`` asks the runtime to do: set this rate, or (None) limiter off; ``up``: the limit
+    rose (a release), so what the task saw over its own queue under the old limit is stale."""
 
     rate: float | None
+    up: bool = False
 
 
 class Throttle:
@@ -875,7 +892,7 @@ class Throttle:
         """The timer: a hold at ``originv`` that has lasted ``originv_hold`` ends (limiter off)."""
         if self.holding and self.released_at is not None and now - self.released_at >= self.params.originv_hold:
             self.holding = False
-            return RateChange(None)
+            return RateChange(None, True)
         return None
 
     def _newer(self, source: int, run: int, seq: int) -> bool:
@@ -953,7 +970,7 @@ class Throttle:
             self.released_at = now
             self.stepped_at, self.stepped_by = None, -1
             self.holding = p.originv_hold > 0 and want == 0 and source != -1
-        return RateChange(self.rate)
+        return RateChange(self.rate, self.k < old)
 
 
     def _under_recent(self, recent: Recent | None) -> int:
