@@ -12,9 +12,9 @@ from typing import AsyncIterator, Sequence
 
 import pytest
 
-from backpressure.policy.stepwise import Recent, StepwiseParams
+from backpressure.policy.stepwise import StepwiseParams
 from backpressure.seams import Direction, FlowDisplay
-from backpressure.drivers.stepwise import RecentEmits, StepwiseFlowControl
+from backpressure.drivers.stepwise import StepwiseFlowControl
 from coord_backends import Backend, backend, until, zookeeper  # noqa: F401
 from runtime.observe.stats import TaskStats
 
@@ -300,14 +300,6 @@ async def test_hold_starved_a_relay_holding_its_upstream_publishes_when_its_queu
         await fc.stop()
 
 
-def test_recent_emits_counts_over_the_newest_sample_at_least_a_window_old() -> None:
-    meter = RecentEmits(window=0.25)
-    assert meter.recent(0.0, 0, None) is None            # nothing sampled yet
-    for i in range(9):                                   # every 125 ms, 10 tuples each
-        meter.sample(0.125 * i, 10 * i)
-    # at 1 s: the samples kept start at 0.75 s (the newest at least 0.25 s old)
-    assert meter.recent(1.0, 80, 7) == Recent(20, 0.25, 7)
-    assert meter.recent(1.0625, 83, None) == Recent(23, 0.3125, None)
 
 
 async def test_step_from_recent_rate_steps_a_spout_under_what_it_emitted_and_back_to_exactly_originv(

@@ -48,10 +48,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from typing import Callable, Mapping, Sequence
 
 from backpressure.coordinator.base import Coordinator
+from backpressure.drivers.count_window import CountWindow
 from backpressure.drivers.shared_states import SharedStates
 from backpressure.policy.adaptive import (FLAG_ADDED, SCALE_OUT, AdaptiveParams, Autoscaler, Balancer,
                                           FlagView, RateCoefficient, ScaleDecision, TaskMarks)
@@ -93,7 +93,7 @@ class AdaptiveFlowControl:
         self.shared = SharedStates(coordinator, heartbeat=heartbeat) if coordinator is not None else None
         self.component_of: dict[int, str] = {}
         self.remote: dict[int, TaskState] = {}
-        self._served: dict[int, deque[tuple[float, int]]] = {}    # local bolt task -> (t, executed)
+        self._served: dict[int, CountWindow] = {}    # local bolt task -> its executed count
 
     # --- FlowControl -------------------------------------------------------
     async def start(self, handles: Sequence[TaskHandle]) -> None:
@@ -204,10 +204,10 @@ class AdaptiveFlowControl:
         for t, h in self.handles.items():
             if h.is_spout:
                 continue
-            q = self._served.setdefault(t, deque())
-            q.append((now, h.executed_count()))
-            while len(q) > 2 and now - q[1][0] >= self.params.check_interval:
-                q.popleft()
+            w = self._served.get(t)
+            if w is None:
+                w = self._served[t] = CountWindow(self.params.check_interval)
+            w.sample(now, h.executed_count())
 
     def _taken(self, up: int, now: float) -> dict[str, float]:
         """A7c: per downstream component, the tuples/s of ``up``'s share it executes: its
@@ -219,11 +219,12 @@ class AdaptiveFlowControl:
         blind: set[str] = set()
         for d in self.downstream.get(up, ()):
             comp = self.component_of.get(d, "")
-            h, q, m = self.handles.get(d), self._served.get(d), self.marks.get(d)
-            if h is None or m is None or not q or now - q[0][0] <= 1e-3:
+            h, w, m = self.handles.get(d), self._served.get(d), self.marks.get(d)
+            got = w.since_oldest(now, h.executed_count()) if h is not None and w is not None else None
+            if m is None or got is None or got[1] <= 1e-3:
                 blind.add(comp)
                 continue
-            rate = (h.executed_count() - q[0][1]) / (now - q[0][0]) / max(1, len(h.upstream_task_ids))
+            rate = got[0] / got[1] / max(1, len(h.upstream_task_ids))
             rates.setdefault(comp, []).append((m.flagged, rate))
         out: dict[str, float] = {}
         for comp, rs in rates.items():

@@ -25,47 +25,24 @@ with a ``Coordinator`` carrying what they say to each other.
   expired. ``stop`` releases everything this run holds.
 * Under ``step_from_recent_rate`` the timer also samples every task's emitted
   count, and each throttle is told what its task emitted over the last
-  ``recent_window`` (``RecentEmits``).
+  ``recent_window`` (a ``CountWindow``).
 """
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import secrets
 import time
 from typing import Callable, Sequence
 
 from backpressure.coordinator.base import Coordinator
+from backpressure.drivers.count_window import CountWindow
 from backpressure.policy.stepwise import (Downstream, PeerStates, RateChange, Recent, StateOutcome,
                                           StepwiseParams, Throttle)
 from backpressure.seams import FlowDisplay, RateListener, TaskHandle
 from backpressure.signals import Signal, TaskState
 
 log = logging.getLogger(__name__)
-
-
-class RecentEmits:
-    """A task's emitted count sampled on the timer, kept for one window: its recent emit rate.
-
-    The rate meter is an average over seconds; this answers "what did it emit just now"."""
-
-    def __init__(self, window: float) -> None:
-        self.window = window
-        self.samples: collections.deque[tuple[float, int]] = collections.deque()
-
-    def sample(self, now: float, count: int) -> None:
-        s = self.samples
-        s.append((now, count))
-        while len(s) >= 2 and s[1][0] <= now - self.window:
-            s.popleft()           # keep the newest sample at least a window old
-
-    def recent(self, now: float, count: int, queue_bytes: int | None) -> Recent | None:
-        """What was emitted since the oldest sample kept; None before any."""
-        if not self.samples:
-            return None
-        t0, c0 = self.samples[0]
-        return Recent(count - c0, now - t0, queue_bytes)
 
 
 class StepwiseFlowControl:
@@ -99,7 +76,7 @@ class StepwiseFlowControl:
         self._running = False
         self._idle: dict[int, bool] = {}               # hold_starved: bolt task -> its queue was idle
         self._idle_published: dict[int, float] = {}    # hold_starved: when it last published for that
-        self._recent: dict[int, RecentEmits] = {}      # step_from_recent_rate: task -> its recent emits
+        self._recent: dict[int, CountWindow] = {}      # step_from_recent_rate: task -> its emitted count
 
     @property
     def states(self) -> dict[int, TaskState]:
@@ -175,7 +152,7 @@ class StepwiseFlowControl:
         for task_id, h in self.handles.items():
             meter = self._recent.get(task_id)
             if meter is None:
-                meter = self._recent[task_id] = RecentEmits(self.params.recent_window)
+                meter = self._recent[task_id] = CountWindow(self.params.recent_window)
             meter.sample(now, h.emitted_count())
 
     def _recent_of(self, task_id: int) -> Recent | None:
@@ -183,7 +160,8 @@ class StepwiseFlowControl:
         if meter is None:
             return None
         h = self.handles[task_id]
-        return meter.recent(self.clock(), h.emitted_count(), None if h.is_spout else h.queue_bytes())
+        got = meter.since_oldest(self.clock(), h.emitted_count())
+        return None if got is None else Recent(got[0], got[1], None if h.is_spout else h.queue_bytes())
 
     def _check(self, d: Downstream, now: float, q: int) -> None:
         for sig in d.check(now, q, self.peers.view):

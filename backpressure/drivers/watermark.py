@@ -38,10 +38,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
 from typing import Callable, Mapping, Sequence
 
 from backpressure.coordinator.base import Coordinator
+from backpressure.drivers.count_window import CountWindow
 from backpressure.drivers.shared_states import SharedStates
 from backpressure.drivers.topology_master import TopologyMaster
 from backpressure.policy.watermark import (THROTTLE, Command, MasterPolicy, Report, TaskWaterMark,
@@ -60,19 +60,16 @@ class ServiceMeter:
         self.window = window
         self.min_span = min_span
         self.rate = 0.0                    # the last measurement, kept while idle
-        self._samples: deque[tuple[float, int]] = deque()
+        self._executed = CountWindow(window)
 
     def sample(self, now: float, executed: int, busy: bool) -> float:
-        s = self._samples
         if not busy:
-            s.clear()
+            self._executed.clear()
             return self.rate
-        s.append((now, executed))
-        while len(s) > 2 and now - s[1][0] >= self.window:
-            s.popleft()
-        span = now - s[0][0]
+        self._executed.sample(now, executed)
+        done, span = self._executed.since_oldest(now, executed) or (0, 0.0)
         if span >= self.min_span or (self.rate == 0.0 and span > 0):   # a first, rough figure
-            self.rate = (executed - s[0][1]) / span
+            self.rate = done / span
         return self.rate
 
 

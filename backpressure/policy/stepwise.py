@@ -972,7 +972,6 @@ class Throttle:
             self.holding = p.originv_hold > 0 and want == 0 and source != -1
         return RateChange(self.rate, self.k < old)
 
-
     def _under_recent(self, recent: Recent | None) -> int:
         """``step_from_recent_rate``: the step count one whole step under what this task emitted over
         the last ``recent_window``, when that is under v' x the limit in force (``originv`` when free):
