@@ -3,7 +3,7 @@
 Each scenario is a small topology on the local engine, run for a few seconds under
 ``none``, ``source_stop``, ``watermark``, ``stepwise``, ``window`` and ``adaptive``
 (plus ``stepwise`` with the settings of ``MATRIX_VARIANTS``; the other ``VARIANTS`` when named with
-``--policies``), with acking off and on
+``--policies``, and any made with ``--variant NAME=BASE,KEY=VALUE...``), with acking off and on
 (``window`` needs acking: its acking-off cells are shown as not run). Marks are small so every
 policy acts many times per run: high 64 KB, low 16 KB, hard bound 128 KB,
 ``sensitivity`` 200 ms; the water-mark policy gets the same marks as fractions of
@@ -341,12 +341,43 @@ def _pct(xs: list[float], q: float) -> float | None:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-async def run_cell(sc: Scenario, policy: str, acking: bool, warmup: float) -> dict[str, Any]:
+def parse_variant(text: str, variants: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    """``--variant NAME=BASE[,KEY=VALUE...]``: a named variant made of a policy or variant and settings.
+
+    ``NAME`` is ``<policy>+<word>`` (the policy is ``BASE``'s), new; every setting is checked by the
+    config's own parser, so a mistake is one line naming the key and the value."""
+    name, sep, rest = text.partition("=")
+    name = name.strip()
+    if not sep or not rest.strip():
+        raise ValueError(f"--variant {text!r}: expected NAME=BASE[,KEY=VALUE...]")
+    base, *pairs = [x.strip() for x in rest.split(",")]
+    if base not in POLICIES and base not in variants:
+        raise ValueError(f"--variant {text!r}: unknown base {base!r} (known: {', '.join(POLICIES + tuple(variants))})")
+    policy = base.split("+")[0]
+    if not name.startswith(policy + "+") or len(name) == len(policy) + 1:
+        raise ValueError(f"--variant {text!r}: the name must be {policy}+<word>, as its base runs {policy}")
+    if name in variants or name in POLICIES:
+        raise ValueError(f"--variant {text!r}: {name!r} is already a policy or variant")
+    settings = dict(variants.get(base, {}))
+    for pair in pairs:
+        key, eq, value = (x.strip() for x in pair.partition("="))
+        if not eq or not key:
+            raise ValueError(f"--variant {text!r}: expected KEY=VALUE, got {pair!r}")
+        settings[key] = value
+    try:
+        checked = resolve({**BASE, "backpressure.policy": policy, **settings})
+    except ConfigError as e:
+        raise ValueError(f"--variant {text!r}: {e}") from None
+    return name, {k: checked[k] for k in settings}
+
+
+async def run_cell(sc: Scenario, policy: str, acking: bool, warmup: float,
+                   variants: dict[str, dict[str, Any]] = VARIANTS) -> dict[str, Any]:
     """One run of ``sc`` under ``policy``: the figures listed in the module docstring."""
     box = Box()
     box.warmup = warmup
     name = policy.split("+")[0]
-    cfg = resolve({**BASE, "backpressure.policy": name, "acking": acking, **VARIANTS.get(policy, {})})
+    cfg = resolve({**BASE, "backpressure.policy": name, "acking": acking, **variants.get(policy, {})})
     engine = LocalEngine(sc.build(box, acking), cfg)
     tasks = {t.component: t for t in engine.tasks}
     spout, sink = tasks["spout"], [t for t in engine.tasks if t.component == "sink"]
@@ -411,19 +442,20 @@ def _ms(x: float | None) -> float | None:
     return None if x is None else round(1000.0 * x, 1)
 
 
-def measure(keys: str, warmup: float, repeat: int, policies: tuple[str, ...]) -> dict[str, Any]:
+def measure(keys: str, warmup: float, repeat: int, policies: tuple[str, ...],
+            variants: dict[str, dict[str, Any]] = VARIANTS, repeated: tuple[str, ...] = REPEATED) -> dict[str, Any]:
     cells: list[dict[str, Any]] = []
     for key in keys:
         sc = SCENARIOS[key]
         for acking in (False, True):
             base: float | None = None
             for policy in policies:
-                n = repeat if policy in REPEATED else 1
+                n = repeat if policy in repeated else 1
                 runs = []
                 try:
                     for _ in range(n):
                         print(f"  {key} {policy:<14} acking={'on' if acking else 'off'} ...", flush=True)
-                        runs.append(uvloop.run(run_cell(sc, policy, acking, warmup)))
+                        runs.append(uvloop.run(run_cell(sc, policy, acking, warmup, variants)))
                 except ConfigError as e:        # window without acking: a row that cannot run
                     cells.append({"scenario": key, "title": sc.title, "policy": policy, "acking": acking,
                                   "runs": [], "not_run": str(e)})
@@ -444,7 +476,7 @@ def measure(keys: str, warmup: float, repeat: int, policies: tuple[str, ...]) ->
                 c["fast_steady_ratio"] = round(c["fast_steady_tps"] / steady, 3)
     return {"marks": {k: BASE[k] for k in ("queue.high_mark", "queue.low_mark", "queue.hard_bound")},
             "sensitivity_ms": BASE["backpressure.sensitivity_ms"], "warmup_s": warmup, "repeat": repeat,
-            "variants": VARIANTS, "python": platform.python_version(), "load": os.getloadavg(), "cells": cells}
+            "variants": variants, "python": platform.python_version(), "load": os.getloadavg(), "cells": cells}
 
 
 _KEYS = ("goodput", "lost", "p50_ms", "p99_ms", "peak_queue", "rate_cov", "back_to_originv_s", "fast_tps",
@@ -652,6 +684,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="scenarios a, c, e; stepwise once; no variants")
     ap.add_argument("--out", default=str(RESULTS), help="directory for the JSON and PNGs")
     ap.add_argument("--report", metavar="JSON", help="print the tables of an earlier run; run nothing")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=BASE[,KEY=VALUE...]",
+                    help="also run a variant made of a policy or variant and settings, repeated as the named "
+                    "ones (e.g. stepwise+blw=stepwise+recent,backpressure.bracket_light_window_ms=200); "
+                    "may be given more than once")
     args = ap.parse_args(argv if argv is not None else [])
     if args.report:
         done = json.loads(Path(args.report).read_text())
@@ -668,20 +704,29 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--scenarios: unknown scenario {unknown_keys[0] if unknown_keys else keys!r} (known: {''.join(SCENARIOS)})")
     if args.quick:
         keys, repeat, policies = "ace", 1, POLICIES
+    variants, extra = dict(VARIANTS), []
+    for text in args.variant:
+        try:
+            name, settings = parse_variant(text, variants)
+        except ValueError as e:
+            ap.error(str(e))
+        variants[name] = settings
+        extra.append(name)
     if args.policies:
         chosen = tuple(dict.fromkeys(p.strip() for p in args.policies.split(",") if p.strip()))
-        unknown = [p for p in chosen if p not in POLICIES + tuple(VARIANTS)]
+        unknown = [p for p in chosen if p not in POLICIES + tuple(variants)]
         if unknown:
-            ap.error(f"--policies: unknown policy or variant {unknown[0]!r} (known: {', '.join(POLICIES + tuple(VARIANTS))})")
+            ap.error(f"--policies: unknown policy or variant {unknown[0]!r} (known: {', '.join(POLICIES + tuple(variants))})")
         policies = ("none", "source_stop") + tuple(p for p in chosen if p not in ("none", "source_stop"))
-    report = measure(keys, args.warmup, repeat, policies)
+    policies += tuple(n for n in extra if n not in policies)
+    report = measure(keys, args.warmup, repeat, policies, variants, REPEATED + tuple(extra))
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     plot(report, out_dir)
     for c in report["cells"]:
         for r in c.get("runs", []):
             r["series"] = r["series"][::2]        # keep the JSON small: 100 ms resolution
-    partial = args.policies or set(keys) != set(SCENARIOS)
+    partial = args.policies or args.variant or set(keys) != set(SCENARIOS)
     name = ("policy_comparison_quick.json" if args.quick
             else "policy_comparison_partial.json" if partial else "policy_comparison.json")
     (out_dir / name).write_text(json.dumps(report, indent=1) + "\n")

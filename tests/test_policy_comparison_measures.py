@@ -86,3 +86,33 @@ def test_report_of_the_stored_matrix_prints_the_diagnosis(capsys) -> None:
     out = capsys.readouterr().out
     assert "| cell | 1/3 source_stop | none |" in out
     assert "| c | stepwise+hops |" in out and "| c+ack | none | 1.000" in out
+
+
+def test_a_variant_from_the_command_line_is_its_base_plus_checked_settings() -> None:
+    from bench.policy_comparison import VARIANTS, parse_variant
+    name, settings = parse_variant("stepwise+blw=stepwise+recent, backpressure.bracket_light_window_ms=200",
+                                   dict(VARIANTS))
+    assert name == "stepwise+blw"
+    assert settings == {**VARIANTS["stepwise+recent"], "backpressure.bracket_light_window_ms": 200.0}
+    name, settings = parse_variant("stepwise+fine4=stepwise,backpressure.fine_steps=4", dict(VARIANTS))
+    assert (name, settings) == ("stepwise+fine4", {"backpressure.fine_steps": 4})
+
+
+def test_a_wrong_variant_is_one_line_naming_what_is_wrong() -> None:
+    import pytest
+    from bench.policy_comparison import VARIANTS, parse_variant
+    cases = {
+        "stepwise+x": "expected NAME=BASE",
+        "stepwise+x=nosuch": "unknown base 'nosuch'",
+        "watermark+x=stepwise": "the name must be stepwise+<word>",
+        "stepwise+=stepwise": "the name must be stepwise+<word>",
+        "stepwise+hops=stepwise": "already a policy or variant",
+        "stepwise+x=stepwise,backpressure.fine_steps": "expected KEY=VALUE",
+        "stepwise+x=stepwise,backpressure.nosuch=1": "backpressure.nosuch",
+        "stepwise+x=stepwise,backpressure.fine_steps=lots": "'lots'",
+    }
+    for text, needle in cases.items():
+        with pytest.raises(ValueError, match=None) as info:
+            parse_variant(text, dict(VARIANTS))
+        message = str(info.value)
+        assert needle in message and "\n" not in message, (text, message)
