@@ -300,8 +300,6 @@ async def test_hold_starved_a_relay_holding_its_upstream_publishes_when_its_queu
         await fc.stop()
 
 
-
-
 async def test_step_from_recent_rate_steps_a_spout_under_what_it_emitted_and_back_to_exactly_originv(
         backend: Backend) -> None:
     """The spout's meter says 20,000/s; it emits about 1,000/s (it waits on a full queue)."""
