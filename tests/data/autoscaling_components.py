@@ -119,3 +119,19 @@ class SlowThenFastCount(FinalKeyedCount):
         self.k += 1
         if self.k % 20 == 0 and time.time() < self.fast_at:
             await asyncio.sleep(20 / self.per_task)
+
+
+class SlowWhileFileCount(FinalKeyedCount):
+    """``FinalKeyedCount`` at no more than ``per_task`` words/s per task while the file
+    ``slow`` exists, then at full speed: its queue stays full while the spout runs, so a
+    worker killed meanwhile is sure to hold tuples that were never acked."""
+
+    def __init__(self, per_task: float, slow: str) -> None:
+        self.per_task, self.slow, self.k = per_task, slow, 0
+
+    async def execute(self, tup: Tuple) -> None:   # type: ignore[override]
+        import os
+        KeyedBolt.execute(self, tup)
+        self.k += 1
+        if self.k % 20 == 0 and os.path.exists(self.slow):
+            await asyncio.sleep(20 / self.per_task)
