@@ -20,6 +20,9 @@ reads a ``TestingSource`` in batches of 1000 in both. topo runs each variant wit
 off and on, and with acking on at both granularities (``acking.granularity``: ``tuple``,
 Storm's edge per tuple; ``batch``, Trident's tree per spout batch). The bare chain is
 three asyncio tasks joined by ``asyncio.Queue(1000)`` passing one item per sentence/word.
+The per-tuple API's floor (``run_api_floor``) calls the example's ``SplitBolt`` and
+``FinalCountBolt`` with no engine between them (``emit`` a bare ``list.append``, tuple
+objects built by C-level maps): what the per-tuple components cost before any engine work.
 One extra topo side keeps the topology earlier figures were taken on (``SplitBolt`` ->
 ``CountBolt``, which emits a running count per word).
 
@@ -46,8 +49,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
-from itertools import chain
+from collections import Counter, deque
+from itertools import chain, repeat
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -55,6 +58,7 @@ import uvloop
 
 from topo.examples.wordcount import (DEFAULT_SENTENCES, BatchFinalCountBolt, BatchSplitBolt, CountBolt,
                                      FinalCountBolt, SentenceSpout, SplitBolt, expected_counts)
+from topo.api import WireTuple
 from topo.topology import TopologyBuilder
 from runtime.local.engine import LocalEngine
 
@@ -147,6 +151,39 @@ async def run_bare(n: int) -> tuple[float, Counter[str]]:
     return time.perf_counter() - t0, counts
 
 
+class _AppendCollector:
+    """A collector whose ``emit`` is a bare ``list.append`` of the values: less than any
+    engine can do (no count, no routing, no tuple built at the emit)."""
+
+    def __init__(self) -> None:
+        self.out: list[Any] = []
+        self.emit = self.out.append
+
+
+def _wire(values: list[Any]) -> Any:
+    """Tuple objects for ``values`` (one list of values each), built by C-level maps."""
+    return map(WireTuple, zip(values, repeat(None), repeat(None), repeat(0.0), repeat(None)))
+
+
+def run_api_floor(n: int) -> tuple[float, Counter[str]]:
+    """The per-tuple components' own calls with no engine between them: the example's
+    ``SplitBolt.execute`` once per sentence (its ``emit`` a bare ``list.append``), then
+    ``FinalCountBolt.execute`` once per word, every tuple object built by C-level maps,
+    1,000 sentences at a time.
+    What Storm's per-tuple API costs in Python before any engine work: no engine that
+    calls these components as they are written can be faster."""
+    split, count, collector = SplitBolt(), FinalCountBolt(), _AppendCollector()
+    split.collector = collector  # type: ignore[assignment]
+    sentences = [[DEFAULT_SENTENCES[i % len(DEFAULT_SENTENCES)]] for i in range(n)]
+    out = collector.out
+    t0 = time.perf_counter()
+    for i in range(0, n, 1000):     # 1,000 sentences at a time, as Bytewax reads them
+        deque(map(split.execute, _wire(sentences[i:i + 1000])), 0)
+        deque(map(count.execute, _wire(out)), 0)
+        out.clear()
+    return time.perf_counter() - t0, count.counts
+
+
 def run_bytewax(n: int, batch: bool) -> tuple[float, Counter[str]] | None:
     try:
         import bytewax.operators as op
@@ -181,6 +218,7 @@ def measure(n: int = SENTENCES, repeats: int = REPEATS) -> dict[str, Any]:
         "topo_batch_acking_on_batch_granularity": lambda: uvloop.run(run_topo(n, True, "batch", "batch")),
         "topo_running_counts_acking_off": lambda: uvloop.run(run_topo(n, False, "running")),
         "bare_asyncio_chain": lambda: uvloop.run(run_bare(n)),
+        "per_tuple_api_floor": lambda: run_api_floor(n),
         "bytewax_flat_map": lambda: run_bytewax(n, False),
         "bytewax_flat_map_batch": lambda: run_bytewax(n, True),
     }
@@ -209,7 +247,9 @@ def measure(n: int = SENTENCES, repeats: int = REPEATS) -> dict[str, Any]:
                                                      "topo_per_tuple_acking_off"),
               "batch_batch_granularity_vs_off": ("topo_batch_acking_on_batch_granularity", "topo_batch_acking_off"),
               "batch_vs_per_tuple": ("topo_batch_acking_off", "topo_per_tuple_acking_off"),
-              "per_tuple_vs_bare": ("topo_per_tuple_acking_off", "bare_asyncio_chain")}
+              "per_tuple_vs_bare": ("topo_per_tuple_acking_off", "bare_asyncio_chain"),
+              "per_tuple_vs_api_floor": ("topo_per_tuple_acking_off", "per_tuple_api_floor"),
+              "api_floor_vs_bytewax": ("per_tuple_api_floor", "bytewax_flat_map")}
     out["ratios"] = {k: med[a] / med[b] for k, (a, b) in ratios.items() if a in med and b in med}
     return out
 

@@ -20,4 +20,9 @@ def test_signal_latency_bench_measures_on_the_embedded_coordinator() -> None:
 def test_wordcount_bench_checks_counts_on_every_side() -> None:
     out = wordcount.measure(n=5_000, repeats=1)       # raises if any side counts wrong
     assert {"topo_per_tuple_acking_off", "topo_per_tuple_acking_on", "topo_batch_acking_off",
-            "topo_batch_acking_on", "bare_asyncio_chain"} <= set(out["median_words_per_s"])
+            "topo_batch_acking_on", "bare_asyncio_chain", "per_tuple_api_floor"} <= set(out["median_words_per_s"])
+
+
+def test_the_api_floor_runs_the_example_components_and_counts_every_word() -> None:
+    elapsed, counts = wordcount.run_api_floor(2_500)      # not a multiple of its 1,000-sentence chunks
+    assert elapsed > 0 and counts == wordcount._truth(2_500)
