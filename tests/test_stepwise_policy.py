@@ -850,6 +850,94 @@ def test_release_window_and_flat_queue_holds_come_from_the_config() -> None:
         StepwiseParams(release_window=-1.0)
 
 
+# -- release_backoff (a setting; off in the document) ---------------------------------------------
+
+def _three_steps_under_release_backoff() -> tuple[World, Downstream, Throttle]:
+    """Upstream 1 stepped three times by task 10; ``release_window`` 0.5 s, backoff up to 2 s."""
+    params = StepwiseParams(step=0.5, high_mark=HIGH, low_mark=LOW, sensitivity=2.0, rate_floor=1.0,
+                            release_window=0.5, release_backoff_max=2.0)
+    w = World(params, rates={1: 20_000.0})
+    d = Downstream(10, [1], params, 0.0)
+    for i, t in enumerate((0.0, 2.0, 4.0)):
+        w.check(d, t, HIGH + i)
+    assert w.throttles[1].k == 3
+    return w, d, w.throttles[1]
+
+
+def _first_release_at(w: World, d: Downstream, start: float, q: int, until: float) -> float | None:
+    """Observe ``q`` every millisecond from ``start``; when the first release went out (None: none by ``until``)."""
+    t = start
+    while t <= until + 1e-9:
+        if any(s.kind == RELEASE for s in tick(w, d, round(t, 3), q)):
+            return round(t, 3)
+        t += 0.001
+    return None
+
+
+def test_release_backoff_a_release_followed_by_a_step_down_doubles_the_next_window_and_one_taken_halves_it() -> None:
+    w, d, th = _three_steps_under_release_backoff()
+    assert _first_release_at(w, d, 10.0, LOW, 11.0) == 10.5            # release_window: 0.5 s
+    assert [s.k for s in w.check(d, 11.0, HIGH)] == [3]                 # overloaded again 0.5 s later
+    assert _first_release_at(w, d, 12.0, LOW, 14.0) == 13.0             # the next release waits 1 s
+    assert [s.k for s in w.check(d, 13.5, HIGH)] == [3]                 # it overshot too
+    assert _first_release_at(w, d, 14.0, LOW, 17.0) == 16.0             # 2 s: the cap
+    assert th.k == 2
+    # Light on: that release was taken, so the wait halves at each release back to release_window.
+    assert _first_release_at(w, d, 16.001, LOW, 19.0) == 18.0           # 2 s after the last (the taken one)
+    assert _first_release_at(w, d, 18.001, LOW, 20.0) == 19.0           # 1 s
+    assert th.k == 0 and th.rate is None and th.nominal_rate == th.originv == 20_000.0   # originv exactly
+    assert d.window == 0.5
+
+
+def test_release_backoff_the_cap_holds_however_many_releases_overshoot() -> None:
+    w, d, th = _three_steps_under_release_backoff()
+    t, waits = 10.0, []
+    for _ in range(4):
+        at = _first_release_at(w, d, t, LOW, t + 5.0)
+        assert at is not None
+        waits.append(round(at - t, 3))
+        w.check(d, at + 0.1, HIGH)                                      # each release overshoots
+        assert th.k == 3
+        t = at + 2.5                                                    # past step 6's sensitivity
+    assert waits == [0.5, 1.0, 2.0, 2.0]
+
+
+def test_release_backoff_a_step_down_long_after_the_release_is_new_load_not_an_overshoot() -> None:
+    w, d, th = _three_steps_under_release_backoff()
+    assert _first_release_at(w, d, 10.0, LOW, 11.0) == 10.5
+    w.check(d, 10.5 + 4.0, HIGH)                                        # 2 x sensitivity later
+    assert th.k == 3
+    assert _first_release_at(w, d, 15.0, LOW, 16.0) == 15.5             # the window did not grow
+
+
+def test_release_backoff_a_queue_that_stayed_idle_releases_after_release_window() -> None:
+    # The capacity came back: the rate in force is well under it and the queue stays empty, so the
+    # long window (read for a rate just over the capacity) is not waited for.
+    w, d, th = _three_steps_under_release_backoff()
+    assert _first_release_at(w, d, 10.0, LOW, 11.0) == 10.5
+    w.check(d, 11.0, HIGH)
+    assert _first_release_at(w, d, 12.0, 0, 13.0) == 12.5
+
+
+def test_release_backoff_is_off_by_default_and_comes_from_the_config() -> None:
+    from topo.config import ConfigError, resolve
+    assert StepwiseParams.from_config(resolve({})).release_backoff_max == 0.0
+    p = StepwiseParams.from_config(resolve({"backpressure.release_backoff_max_ms": 400}))
+    assert p.release_backoff_max == 0.4
+    with pytest.raises(ConfigError, match="release_backoff_max_ms"):
+        resolve({"backpressure.release_backoff_max_ms": -1})
+    # Without it a release that overshoots leaves the next window as it was.
+    params = StepwiseParams(step=0.5, high_mark=HIGH, low_mark=LOW, sensitivity=2.0, rate_floor=1.0,
+                            release_window=0.5)
+    w = World(params, rates={1: 20_000.0})
+    d = Downstream(10, [1], params, 0.0)
+    for i, t in enumerate((0.0, 2.0, 4.0)):
+        w.check(d, t, HIGH + i)
+    assert _first_release_at(w, d, 10.0, LOW, 11.0) == 10.5
+    w.check(d, 11.0, HIGH)
+    assert _first_release_at(w, d, 12.0, LOW, 13.0) == 12.5
+
+
 # -- bracket_search (a setting; off in the document) -----------------------------------------------
 
 def _searching(originv: float = 20_000.0) -> tuple[World, Downstream, Throttle, StepwiseParams]:
