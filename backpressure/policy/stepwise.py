@@ -213,18 +213,6 @@ this setting each release for ``sensitivity`` after such a window is one part, u
 in the window (under 1/32 of the low mark: the rate is well under the capacity, which rose); then doubling
 resumes, so a capacity that really rose is still reached.
 
-Release backoff (a setting; off in the document)
-------------------------------------------------
-``release_backoff_max``: a short ``release_window`` gives the rate back soon after an overload ends, but
-where the capacity lies just under a step the release overshoots: the queue fills again, the upstream
-is stepped down, and its rate swings (the matrix's (d), an on/off source, whose rate CoV a 200 ms window
-everywhere brings under the goal at the cost of (e)'s recovery). With this setting the window is TCP's
-retransmission timer: a step down within two ``sensitivity`` of this task's last release (none between)
-says that release overshot, and the next release needs twice the light window, up to
-``release_backoff_max``; a release not followed by one says the queue took it, and the wait halves back
-towards ``release_window``. A queue that stayed idle through the window (under 1/32 of the low mark: the
-rate is well under the capacity, which came back) still releases after ``release_window``.
-
 Steps from the rate emitted just now (a setting; off in the document)
 --------------------------------------------------------------------
 ``step_from_recent_rate``: the document steps to v' x "the current rate"; the policy reads that as the
@@ -303,7 +291,6 @@ class StepwiseParams:
     hold_starved: bool = False          # no release of an upstream bolt starved by its own backpressure
     release_below_overload: bool = False  # bracket_search: one part per release just after light read where it overloaded
     step_from_recent_rate: bool = False  # once an episode: a step under what the upstream emitted just now
-    release_backoff_max: float = 0.0    # the most (s) the light window grows to after releases that overshot (0: off)
     hard_bound: int | None = None       # queue bytes at which emit waits (None: 2 x high_mark)
 
     def __post_init__(self) -> None:
@@ -314,10 +301,9 @@ class StepwiseParams:
         if self.sensitivity <= 0 or self.rate_floor <= 0 or self.resend_factor <= 0:
             raise ValueError("sensitivity, rate_floor and resend_factor must be > 0")
         if self.fine_steps < 1 or min(self.originv_memory, self.originv_hold, self.queue_smoothing,
-                                      self.release_window, self.bracket_light_window,
-                                      self.release_backoff_max) < 0:
+                                      self.release_window, self.bracket_light_window) < 0:
             raise ValueError("fine_steps must be >= 1; originv_memory, originv_hold, queue_smoothing, "
-                             "release_window, bracket_light_window, release_backoff_max >= 0")
+                             "release_window, bracket_light_window >= 0")
 
     @property
     def light_window(self) -> float:
@@ -365,7 +351,6 @@ class StepwiseParams:
                    hold_starved=bool(config.get("backpressure.hold_starved_upstream", False)),
                    release_below_overload=bool(config.get("backpressure.release_below_overload", False)),
                    step_from_recent_rate=bool(config.get("backpressure.step_from_recent_rate", False)),
-                   release_backoff_max=float(config.get("backpressure.release_backoff_max_ms", 0.0)) / 1000.0,
                    hard_bound=None if config.get("queue.hard_bound") is None else int(config["queue.hard_bound"]))
 
 
@@ -449,8 +434,6 @@ class Downstream:
         self.moved: dict[int, tuple[float, float, int]] = {}   # bracket_interpolate: (when, level, k) of our last move
         self.low_at: float | None = None      # bracket_interpolate: since when the level is at the low mark
         self.window = params.light_window     # the light window in force (bracket_light_window inside a bracket)
-        self.backoff = 1.0                    # release_backoff: what the light window is multiplied by
-        self.released_at: float | None = None # release_backoff: our last release, while no step down followed it
         self.settle_at: float | None = None   # bracket_interpolate: when the level shows our last step down
         self.basis: dict[int, float] = {}     # bracket_interpolate: the upstream's originv the bracket is read in
         self.level = NORMAL
@@ -570,7 +553,6 @@ class Downstream:
                 out.append(self._move(u, BACKPRESSURE, now, v.k if view(u) is not None else None, queue_bytes,
                                       v.originv))
                 self.step_level = queue_bytes
-                self._overshot(now)
         elif self.low_since is not None and now - self.low_since >= self._window():
             self.level = LIGHT
             self.blocked, self.retry_at = set(), None
@@ -590,8 +572,6 @@ class Downstream:
             for u in self.upstreams:          # light and holding nothing: the episode is over for u
                 if u not in self.holds and u not in self.pending and self._searched(u):
                     self.ended_at.setdefault(u, now)
-            if released:
-                self._took(now)
             if released or starved:
                 self.low_since = now      # each further step up needs a fresh light window
                 self.low_min = self.low_max = queue_bytes
@@ -602,26 +582,7 @@ class Downstream:
         if p.bracket_light_window > 0:
             inside = any(u in self.over for u in self.upstreams if self.holds.get(u) or u in self.pending)
             self.window = p.bracket_light_window if inside else p.light_window
-        if p.release_backoff_max > 0:
-            base = self.window if p.bracket_light_window > 0 else p.light_window
-            self.window = max(base, min(p.release_backoff_max, base * self.backoff))
         return out
-
-    def _overshot(self, now: float) -> None:
-        """``release_backoff``: a step down within two ``sensitivity`` of our last release (none
-        between): that release let the rate past the capacity, so the next one waits twice as long."""
-        p = self.params
-        if self.released_at is not None and now - self.released_at < 2 * p.sensitivity:
-            # no further than the cap needs: each release the queue takes then halves it visibly
-            self.backoff = min(2.0 * self.backoff, max(1.0, p.release_backoff_max / p.light_window))
-        self.released_at = None
-
-    def _took(self, now: float) -> None:
-        """``release_backoff``: a release. If the last one was not followed by a step down, the queue
-        took it: the wait halves back towards ``release_window``."""
-        if self.released_at is not None:
-            self.backoff = max(1.0, self.backoff / 2.0)
-        self.released_at = now
 
     def release_all(self, now: float) -> list[Signal]:
         """This task is stopping: let go of every step it holds or asked for."""
