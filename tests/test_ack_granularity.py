@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from topo.api import Bolt, EndOfStream, FieldIndex, Origin, Spout, Tuple, WireTuple
+from topo.api import Bolt, EmitError, EndOfStream, FieldIndex, Origin, Spout, Tuple, WireTuple
 from topo.config import ConfigError, resolve
 from topo.examples.wordcount import (BatchFinalCountBolt, BatchSplitBolt, FinalCountBolt, SentenceSpout,
                                      SplitBolt, expected_counts)
@@ -90,6 +90,38 @@ def test_a_group_received_in_two_batches_from_another_worker_shares_one_cell() -
     assert not codec._groups                                          # every tuple of the group arrived
     whole = codec.decode(codec.encode([_tup(anchors, g)] * 3))       # a group in one batch: sent once
     assert len({id(t.ackcell) for t in whole}) == 1 and whole[0].ackcell[1] == 3 and not codec._groups
+
+
+def test_a_batch_of_two_whole_groups_travels_as_two_groups_and_arrives_as_runs() -> None:
+    """A lane's batch that spans two ack groups (its task moved on to the next spout batch
+    mid-batch) is cut where the group changes: each piece carries its anchors, born and size
+    once, and arrives without a tuple object or a cell per tuple."""
+    from topo.api import TupleBatch
+    codec = TupleCodec({"c": {"default": ("n",)}})
+    g1, g2 = new_group(), new_group()
+    g1[1], g2[1] = 3, 2
+    a1, a2 = {11: 0x71}, {12: 0x72}
+    sent = [_tup(a1, g1), _tup(a1, g1), _tup(a1, g1), _tup(a2, g2), _tup(a2, g2)]
+    groups = codec.encode(sent)
+    assert [(g[4], g[6]) for g in groups] == [(a1, 3), (a2, 2)]       # anchors and size once each
+    got = codec.decode(groups)
+    assert type(got) is TupleBatch
+    back = list(got.tuples())
+    cells = [t.ackcell for t in back]
+    assert cells[0] is cells[1] is cells[2] and cells[3] is cells[4] and cells[0] is not cells[3]
+    assert (cells[0][1], cells[3][1]) == (3, 2) and not codec._groups
+    assert [t.anchors for t in back] == [a1, a1, a1, a2, a2]
+    # Acked there, each group is one ledger update of its own root.
+    seen, owner = _outcomes()
+    acker = Acker(30.0)
+    acker.open(11, 0x71, owner, 0.0)
+    acker.open(12, 0x72, owner, 0.0)
+    acker.ack_batch(got)
+    assert sorted(seen) == [(11, True, ""), (12, True, "")]
+    # A batch with a tuple of its own edge among them goes tuple by tuple, as before.
+    own = [0]
+    mixed = codec.encode([_tup(a1, g1), _tup({11: 0x99}, own), _tup(a2, g2)])
+    assert len(mixed) == 1 and isinstance(mixed[0][4], list)
 
 
 # --- one process ------------------------------------------------------------------------
@@ -186,6 +218,36 @@ class FailOnce(Bolt):
             self.raised = True
             raise RuntimeError("one grandchild fails")
         self.seen[tup.values[0]] += 1
+
+
+class TwiceWrong(Twice):
+    """``Twice`` that emits one value too many on input 7."""
+
+    def execute(self, tup: Tuple) -> None:
+        if tup.values[0] == 7:
+            self.collector.emit([1, 2])
+        super().execute(tup)
+
+
+@pytest.mark.parametrize("granularity", ["tuple", "batch"])
+def test_a_last_bolts_emits_no_one_subscribes_to_are_counted_checked_and_its_inputs_acked(
+        granularity: str) -> None:
+    """No tuple leaves an emit nobody subscribes to, so acking has nothing to track there:
+    the emits are counted and checked as untracked ones, and the inputs are acked."""
+    b = TopologyBuilder("last", {"acking": True, "acking.granularity": granularity, "backpressure.policy": "none"})
+    spout = Numbers(500)
+    b.spout("nums", spout)
+    b.bolt("twice", Twice()).shuffle("nums")
+    res = run(b.build())
+    totals = res.component_totals()
+    assert totals["twice"]["emitted"] == 1000 and totals["twice"]["executed"] == 500
+    assert totals["nums"]["acked"] == 500 and not totals["nums"]["failed"]
+    wrong = TopologyBuilder("last-wrong", {"acking": True, "acking.granularity": granularity,
+                                           "backpressure.policy": "none"})
+    wrong.spout("nums", Numbers(10))
+    wrong.bolt("twice", TwiceWrong()).shuffle("nums")
+    with pytest.raises(EmitError, match="'twice' emitted 2 values on stream 'default', which declares 1 field"):
+        run(wrong.build())
 
 
 def test_one_failed_grandchild_replays_its_whole_spout_batch_and_nothing_is_lost() -> None:

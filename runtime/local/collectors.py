@@ -354,6 +354,22 @@ class BoltCollector:
                     return
             general(values, stream, anchors)
 
+        routes = self._outbox.streams.get(DEFAULT_STREAM)
+        if routes is not None and not routes.routers:
+            # No component subscribes to the default stream (a last bolt's running results): no
+            # tuple leaves, so there is nothing to anchor or track; checked and counted, as untracked.
+            nfields, arity = len(routes.fields.names), self._outbox.arity_error
+
+            def emit_unsubscribed(values: Sequence[Any], stream: str = DEFAULT_STREAM,
+                                  anchors: Tuple | Sequence[Tuple] | None = None) -> None:
+                if stream == DEFAULT_STREAM and anchors is None:
+                    if len(values) != nfields:
+                        raise arity(values, DEFAULT_STREAM)
+                    collector.emitted += 1
+                    return
+                emit(values, stream, anchors)
+
+            return emit_unsubscribed
         single = self._outbox.single_route(DEFAULT_STREAM)
         if not batches or single is None or not auto:
             return emit

@@ -29,8 +29,8 @@ import asyncio
 import logging
 import struct
 from collections import deque
-from itertools import repeat
-from operator import attrgetter
+from itertools import compress, count, repeat
+from operator import attrgetter, is_not
 from pathlib import Path
 from typing import Any, Callable
 
@@ -241,7 +241,7 @@ class TupleCodec:
                     start = i
         groups = []
         nbytes = 0
-        for o, part in runs:
+        for o, part in (r for o, whole in runs for r in _by_ack_group(o, whole)):
             anchors = list(map(_anchors, part))
             tracked = any(anchors)
             values: Any = list(map(_values, part))
@@ -341,6 +341,19 @@ class TupleCodec:
 
 
 _origin, _anchors, _values, _born, _cell = (attrgetter(a) for a in ("origin", "anchors", "values", "born", "ackcell"))
+
+
+def _by_ack_group(origin: Origin, part: list[Any]) -> list[tuple[Origin, list[Any]]]:
+    """``part`` cut where its tuples' ack group changes, when every tuple belongs to an ack
+    group (batch granularity): each piece then travels as one group (anchors, born and size
+    once) and arrives as a run. A lane's batch often spans two groups (its task's input moved
+    on to the next spout batch mid-batch), and sent whole it would travel tuple by tuple,
+    each tuple's cell made again on the far side. Found by C-level maps."""
+    cells = list(map(_cell, part))
+    if len(cells) < 2 or None in cells or cells.count(cells[0]) == len(cells) or set(map(len, cells)) != {2}:
+        return [(origin, part)]
+    bounds = [0, *compress(count(1), map(is_not, cells[1:], cells)), len(part)]
+    return [(origin, part[a:b]) for a, b in zip(bounds, bounds[1:])]
 
 
 def _one_group(run: list[Any]) -> bool:
