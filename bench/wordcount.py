@@ -68,7 +68,7 @@ SENTENCES = 200_000
 REPEATS = 5
 WORKER_SENTENCES = 400_000
 BATCH_INPUT_FACTOR = 4       # the batch components take 1/4 of the per-tuple ones' time per sentence
-WORKER_ROUNDS = 3
+WORKER_ROUNDS = 5
 RESULTS = Path(__file__).parent / "results"
 _WORD = re.compile(r"[a-z0-9']+")   # the example's SplitBolt's rule
 
