@@ -66,6 +66,20 @@ def test_ack_batch_of_one_group_and_of_mixed_cells_agree_with_the_ledger_rule() 
     assert seen == [(9, True, "")]
 
 
+def test_ack_batch_of_several_groups_counts_each_group_and_acks_the_one_it_completes() -> None:
+    seen, owner = _outcomes()
+    acker = Acker(30.0)
+    g1, g2 = new_group(), new_group()
+    g1[0], g1[1] = 0, 2                       # both of its tuples in this batch: complete here
+    g2[0], g2[1] = 0, 4                       # two of its four: still open after it
+    acker.open(9, 0x3, owner, 0.0)
+    acker.open(8, 0x5, owner, 0.0)
+    acker.ack_batch([_tup({9: 0x3}, g1), _tup({9: 0x3}, g1), _tup({8: 0x5}, g2), _tup({8: 0x5}, g2)])
+    assert seen == [(9, True, "")] and g1[1] == 0 and g2[1] == 2 and 8 in acker.ledger
+    acker.ack_batch([_tup({8: 0x5}, g2), _tup({8: 0x5}, g2)])
+    assert seen == [(9, True, ""), (8, True, "")] and not acker.ledger
+
+
 def test_ack_group_compares_by_identity() -> None:
     """(``ack_batch`` and ``emit_many`` find one group's tuples with ``list.count``.)"""
     a, b = new_group(), new_group()

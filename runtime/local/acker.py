@@ -25,6 +25,7 @@ two kinds of edge mix in one tree.
 """
 from __future__ import annotations
 
+from collections import Counter
 from operator import attrgetter
 from typing import Callable, Sequence
 
@@ -128,6 +129,19 @@ class Acker:
                 first[1] = left
                 if not left:
                     self.ack(tuples[0].anchors, first[0])  # type: ignore[arg-type]
+                return
+            if None not in cells and set(map(len, cells)) == {2}:
+                # Every tuple in a group, several groups (a batch that spans two spout
+                # batches' groups): one count and at most one ledger update per group, by
+                # C-level maps (each group's last tuple gives its anchors).
+                last = dict(zip(map(id, cells), range(len(cells))))
+                for key, n in Counter(map(id, cells)).items():
+                    i = last[key]
+                    cell = cells[i]
+                    left = cell[1] - n
+                    cell[1] = left
+                    if not left:
+                        self.ack(tuples[i].anchors, cell[0])  # type: ignore[arg-type]
                 return
         ack_tuple = self.ack_tuple
         for tup in tuples:
