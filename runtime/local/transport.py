@@ -349,8 +349,11 @@ def _by_ack_group(origin: Origin, part: list[Any]) -> list[tuple[Origin, list[An
     once) and arrives as a run. A lane's batch often spans two groups (its task's input moved
     on to the next spout batch mid-batch), and sent whole it would travel tuple by tuple,
     each tuple's cell made again on the far side. Found by C-level maps."""
+    first = part[0].ackcell if part else None
+    if first is None or len(first) != 2:        # untracked, or an edge of its own: as it is
+        return [(origin, part)]
     cells = list(map(_cell, part))
-    if len(cells) < 2 or None in cells or cells.count(cells[0]) == len(cells) or set(map(len, cells)) != {2}:
+    if None in cells or cells.count(first) == len(cells) or set(map(len, cells)) != {2}:
         return [(origin, part)]
     bounds = [0, *compress(count(1), map(is_not, cells[1:], cells)), len(part)]
     return [(origin, part[a:b]) for a, b in zip(bounds, bounds[1:])]
