@@ -52,7 +52,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, deque
-from itertools import chain, repeat
+from itertools import chain
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -60,7 +60,7 @@ import uvloop
 
 from topo.examples.wordcount import (DEFAULT_SENTENCES, BatchFinalCountBolt, BatchSplitBolt, CountBolt,
                                      FinalCountBolt, SentenceSpout, SplitBolt, expected_counts)
-from topo.api import WireTuple
+from topo.api import run_tuples
 from topo.topology import TopologyBuilder
 from runtime.local.engine import LocalEngine
 
@@ -164,8 +164,9 @@ class _AppendCollector:
 
 
 def _wire(values: list[Any]) -> Any:
-    """Tuple objects for ``values`` (one list of values each), built by C-level maps."""
-    return map(WireTuple, zip(values, repeat(None), repeat(None), repeat(0.0), repeat(None)))
+    """Tuple objects for ``values`` (one list of values each), untracked, built by C-level maps
+    as the engine builds a run's (``run_tuples``)."""
+    return run_tuples([values, None, None, 0.0, None, 0])
 
 
 def run_api_floor(n: int) -> tuple[float, Counter[str]]:

@@ -63,6 +63,12 @@ def new_group() -> AckGroup:
     return AckGroup((0, 0))
 
 
+def all_in_groups(cells: list[list[int] | None]) -> bool:
+    """Whether every tuple of these ack cells belongs to an ack group (batch granularity):
+    none untracked, none with an edge of its own. C-level scans."""
+    return None not in cells and set(map(len, cells)) == {2}  # type: ignore[arg-type]
+
+
 class Acker:
     """Ledger of in-flight roots."""
 
@@ -130,7 +136,7 @@ class Acker:
                 if not left:
                     self.ack(tuples[0].anchors, first[0])  # type: ignore[arg-type]
                 return
-            if None not in cells and set(map(len, cells)) == {2}:
+            if all_in_groups(cells):
                 # Every tuple in a group, several groups (a batch that spans two spout
                 # batches' groups): one count and at most one ledger update per group, by
                 # C-level maps (each group's last tuple gives its anchors).

@@ -37,7 +37,7 @@ from typing import Any, Callable
 import msgpack
 
 from topo.api import Columns, FieldIndex, Origin, TupleBatch, WireTuple, interleave
-from runtime.local.acker import new_group
+from runtime.local.acker import all_in_groups, new_group
 from runtime.local.outbox import array_header_len, columns_wire_bytes
 
 log = logging.getLogger("topo.transport")
@@ -353,7 +353,7 @@ def _by_ack_group(origin: Origin, part: list[Any]) -> list[tuple[Origin, list[An
     if first is None or len(first) != 2:        # untracked, or an edge of its own: as it is
         return [(origin, part)]
     cells = list(map(_cell, part))
-    if None in cells or cells.count(first) == len(cells) or set(map(len, cells)) != {2}:
+    if cells.count(first) == len(cells) or not all_in_groups(cells):
         return [(origin, part)]
     bounds = [0, *compress(count(1), map(is_not, cells[1:], cells)), len(part)]
     return [(origin, part[a:b]) for a, b in zip(bounds, bounds[1:])]

@@ -106,32 +106,40 @@ class ScheduledWords(Spout):
         await asyncio.sleep(0.002)
 
 
-class SlowThenFastCount(FinalKeyedCount):
-    """``FinalKeyedCount`` at no more than ``per_task`` words/s per task until the wall-clock
-    time ``fast_at``, then at full speed."""
+class _SlowedCount(FinalKeyedCount):
+    """``FinalKeyedCount`` at no more than ``per_task`` words/s per task while ``slowed()``."""
+
+    per_task: float
+    k: int
+
+    def slowed(self) -> bool:
+        raise NotImplementedError
+
+    async def execute(self, tup: Tuple) -> None:   # type: ignore[override]
+        KeyedBolt.execute(self, tup)
+        self.k += 1
+        if self.k % 20 == 0 and self.slowed():
+            await asyncio.sleep(20 / self.per_task)
+
+
+class SlowThenFastCount(_SlowedCount):
+    """Slow until the wall-clock time ``fast_at``, then at full speed."""
 
     def __init__(self, per_task: float, fast_at: float) -> None:
         self.per_task, self.fast_at, self.k = per_task, fast_at, 0
 
-    async def execute(self, tup: Tuple) -> None:   # type: ignore[override]
+    def slowed(self) -> bool:
         import time
-        KeyedBolt.execute(self, tup)
-        self.k += 1
-        if self.k % 20 == 0 and time.time() < self.fast_at:
-            await asyncio.sleep(20 / self.per_task)
+        return time.time() < self.fast_at
 
 
-class SlowWhileFileCount(FinalKeyedCount):
-    """``FinalKeyedCount`` at no more than ``per_task`` words/s per task while the file
-    ``slow`` exists, then at full speed: its queue stays full while the spout runs, so a
-    worker killed meanwhile is sure to hold tuples that were never acked."""
+class SlowWhileFileCount(_SlowedCount):
+    """Slow while the file ``slow`` exists, then at full speed: its queue stays full while the
+    spout runs, so a worker killed meanwhile is sure to hold tuples that were never acked."""
 
     def __init__(self, per_task: float, slow: str) -> None:
         self.per_task, self.slow, self.k = per_task, slow, 0
 
-    async def execute(self, tup: Tuple) -> None:   # type: ignore[override]
+    def slowed(self) -> bool:
         import os
-        KeyedBolt.execute(self, tup)
-        self.k += 1
-        if self.k % 20 == 0 and os.path.exists(self.slow):
-            await asyncio.sleep(20 / self.per_task)
+        return os.path.exists(self.slow)
