@@ -35,7 +35,14 @@ to the split, so sentences stay in their worker), split x2, count x2 (fields), p
 batch``, ``WORKER_ROUNDS`` interleaved rounds, medians, with bytecode caching on
 (``PYTHONDONTWRITEBYTECODE`` dropped from the command's environment). The batch count
 emits its finals at the end of the input (one end-of-input round across workers);
-nothing subscribes to them here.
+nothing subscribes to them here. Beside them, in the same rounds, the same word count in
+Bytewax (``bench/bytewax_wordcount.py``: two source partitions, ``flat_map`` or
+``flat_map_batch``, ``count_final``) run by ``python -m bytewax.testing`` with ``-p 1``,
+``-p 2`` and ``-w 2`` (wall time, final counts checked on every run), and topo against
+Bytewax's faster way at the same number of processes. Inputs (``--worker-inputs``,
+``WORKER_INPUTS``): the example's five sentences (27 distinct words), and made-up
+sentences over 5,000 words drawn by Zipf's law (``zipf``, the many keys of real text) or
+all alike (``uniform``: fields grouping then gives each count task half the words).
 
 ``python -m bench wordcount`` writes ``bench/results/wordcount.json``.
 """
@@ -45,8 +52,11 @@ import asyncio
 import json
 import os
 import platform
+import random
 import re
+import shutil
 import statistics
+import string
 import subprocess
 import sys
 import tempfile
@@ -61,6 +71,7 @@ import uvloop
 from topo.examples.wordcount import (DEFAULT_SENTENCES, BatchFinalCountBolt, BatchSplitBolt, CountBolt,
                                      FinalCountBolt, SentenceSpout, SplitBolt, expected_counts)
 from topo.api import run_tuples
+from topo.groupings import fields_task_index
 from topo.topology import TopologyBuilder
 from runtime.local.engine import LocalEngine
 
@@ -69,6 +80,15 @@ REPEATS = 5
 WORKER_SENTENCES = 400_000
 BATCH_INPUT_FACTOR = 4       # the batch components take 1/4 of the per-tuple ones' time per sentence
 WORKER_ROUNDS = 5
+# The workers bench's inputs (``sentences_for``): the example's sentences, or made-up ones
+# over a vocabulary whose word of rank r has weight 1 / r ** value.
+WORKER_INPUTS: dict[str, float | None] = {"example": None, "zipf": 1.0, "uniform": 0.0}
+DEFAULT_WORKER_INPUTS = ("example", "zipf")
+VOCABULARY_SENTENCES = 10_000
+VOCABULARY_WORDS = 5_000
+# How Bytewax runs at 1 and 2 processes: separate processes, or worker threads in one
+# (the issue's "-w/-p, whichever is faster for it"; both are measured).
+BYTEWAX_PROCESSES = {"p1": ["-p", "1"], "p2": ["-p", "2"], "w2": ["-w", "2"]}
 RESULTS = Path(__file__).parent / "results"
 _WORD = re.compile(r"[a-z0-9']+")   # the example's SplitBolt's rule
 
@@ -258,9 +278,65 @@ def measure(n: int = SENTENCES, repeats: int = REPEATS) -> dict[str, Any]:
     return out
 
 
-def worker_spec(variant: str, sentences: int) -> str:
-    """The YAML the workers bench runs (see the module docstring)."""
+def vocabulary_sentences(zipf: float, n: int = VOCABULARY_SENTENCES, vocabulary: int = VOCABULARY_WORDS,
+                         seed: int = 0) -> list[str]:
+    """``n`` sentences over ``vocabulary`` made-up words, the word of rank ``r`` drawn with
+    weight ``1 / r ** zipf`` (1: Zipf's law, as in natural text; 0: every word alike), 4-9
+    words each (6.5 on average; the example's 6.4), words of 2-6 letters. Seeded: the same
+    sentences on every run."""
+    rng = random.Random(seed)
+    words: list[str] = []
+    seen: set[str] = set()
+    while len(words) < vocabulary:
+        w = "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, 6)))
+        if w not in seen:
+            seen.add(w)
+            words.append(w)
+    weights = [1.0 / r ** zipf for r in range(1, vocabulary + 1)]
+    return [" ".join(rng.choices(words, weights, k=rng.randint(4, 9))) for _ in range(n)]
+
+
+def sentences_for(source: str, d: Path) -> tuple[str, list[str]]:
+    """The spout's ``path`` kwarg ("" = the example's sentences) and the sentences of the
+    workers bench's input ``source`` (``WORKER_INPUTS``; a made-up one is written into ``d``).
+
+    Fields grouping cannot spread a skewed input's words evenly over two tasks: the
+    example's five sentences (27 distinct words) give one count task 20 of every 32 words,
+    and the ``zipf`` input, whose most frequent word is 11% of all, gives one 62%. The
+    ``uniform`` input (5,000 words drawn alike) gives each 50%: it shows what two workers
+    do when the keys are not what limits them."""
+    if source == "example":
+        return "", list(DEFAULT_SENTENCES)
+    if source not in WORKER_INPUTS:
+        raise ValueError(f"unknown workers input {source!r} (known: {', '.join(WORKER_INPUTS)})")
+    sentences = vocabulary_sentences(WORKER_INPUTS[source])
+    path = d / f"{source}.txt"
+    path.write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    return str(path), sentences
+
+
+def truth_of(sentences: Sequence[str], total: int) -> Counter[str]:
+    """Counts of ``total`` sentences, sentence ``i`` being ``sentences[i % len(sentences)]``."""
+    once = Counter(chain.from_iterable(map(words, sentences)))
+    full, rest = divmod(total, len(sentences))
+    out = Counter({w: n * full for w, n in once.items()})
+    out.update(chain.from_iterable(map(words, sentences[:rest])))
+    return +out
+
+
+def key_shares(sentences: Sequence[str], tasks: int = 2) -> list[float]:
+    """The share of all words fields grouping gives each of ``tasks`` count tasks."""
+    share = [0] * tasks
+    for w, n in truth_of(sentences, len(sentences)).items():
+        share[fields_task_index([w], tasks)] += n
+    return [x / sum(share) for x in share]
+
+
+def worker_spec(variant: str, sentences: int, path: str = "", per_file: int = len(DEFAULT_SENTENCES)) -> str:
+    """The YAML the workers bench runs (see the module docstring); ``path``: a file of
+    ``per_file`` sentences to read instead of the example's."""
     batch = variant == "batch"
+    source = f"path: {json.dumps(path)}, " if path else ""
     return f"""name: wc-workers
 config:
   backpressure.policy: none
@@ -268,7 +344,7 @@ config:
 spouts:
   - id: sentences
     class: topo.examples.wordcount.SentenceSpout
-    kwargs: {{repeat: {sentences // len(DEFAULT_SENTENCES)}, batch: {1000 if batch else 1}}}
+    kwargs: {{{source}repeat: {sentences // per_file}, batch: {1000 if batch else 1}}}
     parallelism: 2
 bolts:
   - id: split
@@ -287,32 +363,101 @@ WORKER_MODES = {"off": ["acking=false"], "on": ["acking=true"],
                 "on_batch_granularity": ["acking=true", "acking.granularity=batch"]}
 
 
+def _bytewax_installed() -> bool:
+    try:
+        import bytewax  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def measure_workers(sentences: int = WORKER_SENTENCES, rounds: int = WORKER_ROUNDS,
-                    modes: Sequence[str] = tuple(WORKER_MODES)) -> dict[str, Any]:
-    """Wall seconds of ``topo run --workers N`` per (variant, acking mode, N), medians and
-    speed-ups; ``modes``: which of ``WORKER_MODES`` (acking off, on, on with batch granularity)."""
+                    modes: Sequence[str] = tuple(WORKER_MODES),
+                    inputs: Sequence[str] = DEFAULT_WORKER_INPUTS) -> dict[str, Any]:
+    """Wall seconds of ``topo run --workers N`` per (input, variant, acking mode, N) and of
+    the same word count in Bytewax at 1 and 2 processes (``-p 1``, ``-p 2`` and ``-w 2``;
+    final counts checked), medians, speed-ups and topo against Bytewax at the same number
+    of processes; ``modes``: which of ``WORKER_MODES``; ``inputs``: which of ``WORKER_INPUTS``.
+    Keys of the example input have no prefix, those of another input its name first."""
     times: dict[str, list[float]] = {}
     # Bytecode caching on, as in a usual install: with it off every worker compiles its modules.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    root = str(Path(__file__).resolve().parents[1])      # bench.bytewax_wordcount, from any cwd
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    bytewax = _bytewax_installed()
+    totals: dict[str, int] = {}
     with tempfile.TemporaryDirectory() as d:
-        specs = {v: Path(d) / f"{v}.yaml" for v in ("per_tuple", "batch")}
-        inputs = {"per_tuple": sentences, "batch": sentences * BATCH_INPUT_FACTOR}
-        for v, path in specs.items():
-            path.write_text(worker_spec(v, inputs[v]))
-        runs = [(v, mode, w) for v in specs for mode in modes for w in (1, 2)]
+        made = {source: sentences_for(source, Path(d)) for source in WORKER_INPUTS}
+        shares = {source: key_shares(sents) for source, (_, sents) in made.items()}   # every input's, run or not
+        runs: list[tuple[str, list[str], Counter[str] | None]] = []
+        for source in inputs:
+            path, sents = made[source]
+            prefix = "" if source == "example" else f"{source}_"
+            for v, wanted in (("per_tuple", sentences), ("batch", sentences * BATCH_INPUT_FACTOR)):
+                total = wanted // len(sents) * len(sents)
+                totals[f"{prefix}{v}"] = total
+                spec = Path(d) / f"{prefix}{v}.yaml"
+                spec.write_text(worker_spec(v, total, path, len(sents)))
+                for mode in modes:
+                    for w in (1, 2):
+                        cmd = [sys.executable, "-m", "topo.cli", "run", str(spec), "--quiet", "--workers", str(w)]
+                        for setting in WORKER_MODES[mode]:
+                            cmd += ["--config", setting]
+                        runs.append((f"{prefix}{v}_acking_{mode}_workers_{w}", cmd, None))
+                if bytewax:
+                    truth = truth_of(sents, total)
+                    out = str(Path(d) / "bytewax-out")
+                    flow = f"bench.bytewax_wordcount:flow({v!r}, {total}, {path!r}, {out!r})"
+                    for name, flags in BYTEWAX_PROCESSES.items():
+                        runs.append((f"{prefix}bytewax_{v}_{name}",
+                                     [sys.executable, "-m", "bytewax.testing", flow, *flags], truth))
         for i in range(rounds):
-            for v, mode, w in (runs if i % 2 == 0 else runs[::-1]):
-                cmd = [sys.executable, "-m", "topo.cli", "run", str(specs[v]), "--quiet", "--workers", str(w)]
-                for setting in WORKER_MODES[mode]:
-                    cmd += ["--config", setting]
-                t0 = time.perf_counter()
-                subprocess.run(cmd, check=True, cwd=d, stdout=subprocess.DEVNULL, env=env)
-                times.setdefault(f"{v}_acking_{mode}_workers_{w}", []).append(time.perf_counter() - t0)
+            for key, cmd, truth in (runs if i % 2 == 0 else runs[::-1]):
+                times.setdefault(key, []).append(_timed_run(cmd, d, env, truth))
     med = {k: statistics.median(v) for k, v in times.items()}
     speedup = {k.replace("_workers_1", ""): med[k] / med[k.replace("_workers_1", "_workers_2")]
                for k in med if k.endswith("_workers_1")}
-    return {"sentences": inputs, "rounds": rounds, "seconds": times, "median_seconds": med,
-            "speedup_2_vs_1": speedup}
+    bytewax_at = {}     # Bytewax's fastest way to run at 1 and at 2 processes
+    for k in med:
+        if "bytewax_" in k and k.endswith("_p1"):
+            base = k[:-3]
+            bytewax_at[f"{base}_1"] = med[k]
+            bytewax_at[f"{base}_2"] = min(med[f"{base}_p2"], med[f"{base}_w2"])
+    vs_bytewax = {}
+    for k in med:
+        if "_acking_" in k and "_workers_" in k:
+            v_part, w = k.rsplit("_workers_", 1)
+            prefix_v, _ = v_part.split("_acking_", 1)
+            for v in ("per_tuple", "batch"):
+                if prefix_v.endswith(v):
+                    ref = f"{prefix_v[:-len(v)]}bytewax_{v}_{w}"
+                    if ref in bytewax_at:
+                        vs_bytewax[k] = bytewax_at[ref] / med[k]
+    bytewax_speedup = {k[:-2]: bytewax_at[k[:-2] + "_1"] / bytewax_at[k]
+                       for k in bytewax_at if k.endswith("_2")}
+    return {"sentences": totals, "inputs": list(inputs), "key_shares_2_tasks": shares, "rounds": rounds,
+            "seconds": times, "median_seconds": med, "speedup_2_vs_1": speedup,
+            "bytewax_seconds_at": bytewax_at, "bytewax_speedup_2_vs_1": bytewax_speedup,
+            "topo_vs_bytewax_same_processes": vs_bytewax}
+
+
+def _timed_run(cmd: list[str], cwd: str, env: dict[str, str], truth: Counter[str] | None) -> float:
+    """Wall seconds of ``cmd`` (process start included); with ``truth``, a Bytewax run whose
+    workers' final counts (``bench.bytewax_wordcount``) must equal it."""
+    out = Path(cwd) / "bytewax-out"
+    if truth is not None:
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir()
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
+    elapsed = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}: {done.stderr.strip()[-2000:]}")
+    if truth is not None:
+        from bench.bytewax_wordcount import read_counts
+        if Counter(read_counts(str(out))) != truth:
+            raise AssertionError(f"{' '.join(cmd)}: wrong counts")
+    return elapsed
 
 
 def widest_from_median(runs: dict[str, list[float]]) -> dict[str, float]:
@@ -342,11 +487,16 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [m for m in modes if m not in WORKER_MODES]
     if unknown:
         raise SystemExit(f"--worker-modes: unknown {unknown} (known: {', '.join(WORKER_MODES)})")
+    inputs = (args[args.index("--worker-inputs") + 1].split(",") if "--worker-inputs" in args else list(DEFAULT_WORKER_INPUTS))
+    unknown = [m for m in inputs if m not in WORKER_INPUTS]
+    if unknown:
+        raise SystemExit(f"--worker-inputs: unknown {unknown} (known: {', '.join(WORKER_INPUTS)})")
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     load_start = os.getloadavg()
     out = measure(n=50_000, repeats=2) if quick else measure()
     out["spread"] = widest_from_median(out["words_per_s"])
-    out["workers"] = measure_workers(60_000, 1, modes) if quick else measure_workers(modes=modes)
+    out["workers"] = (measure_workers(60_000, 1, modes, inputs) if quick
+                      else measure_workers(modes=modes, inputs=inputs))
     out["workers"]["spread"] = widest_from_median(out["workers"]["seconds"])
     out["run"] = {"commit": _commit(), "started": started,
                   "ended": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
@@ -361,6 +511,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{k:36s} {v:6.2f} s")
     for k, r in out["workers"]["speedup_2_vs_1"].items():
         print(f"2 workers vs 1, {k}: {r:.2f}x")
+    for k, r in out["workers"]["bytewax_speedup_2_vs_1"].items():
+        print(f"2 processes vs 1, {k}: {r:.2f}x")
+    for k, r in out["workers"]["topo_vs_bytewax_same_processes"].items():
+        print(f"topo vs Bytewax at the same processes, {k}: {r:.2f}x")
+    print("fields grouping's share of words per count task (2 tasks):",
+          {k: [round(x, 3) for x in v] for k, v in out["workers"]["key_shares_2_tasks"].items()})
 
 
 if __name__ == "__main__":

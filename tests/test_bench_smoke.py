@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
+from collections import Counter
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -26,3 +30,25 @@ def test_wordcount_bench_checks_counts_on_every_side() -> None:
 def test_the_api_floor_runs_the_example_components_and_counts_every_word() -> None:
     elapsed, counts = wordcount.run_api_floor(2_500)      # not a multiple of its 1,000-sentence chunks
     assert elapsed > 0 and counts == wordcount._truth(2_500)
+
+
+def test_the_made_up_inputs_are_seeded_and_the_uniform_one_spreads_its_words_evenly(tmp_path: Path) -> None:
+    _, zipf = wordcount.sentences_for("zipf", tmp_path)
+    assert zipf == wordcount.sentences_for("zipf", tmp_path)[1]          # the same sentences every run
+    assert abs(wordcount.key_shares(wordcount.sentences_for("uniform", tmp_path)[1])[0] - 0.5) < 0.02
+    assert wordcount.key_shares(list(wordcount.DEFAULT_SENTENCES)) == [12 / 32, 20 / 32]
+    counts = wordcount.truth_of(zipf[:3], 7)       # 2 full passes and the first sentence once more
+    assert sum(counts.values()) == 2 * sum(len(s.split()) for s in zipf[:3]) + len(zipf[0].split())
+
+
+def test_the_workers_bench_checks_bytewax_counts_across_two_processes(tmp_path: Path) -> None:
+    pytest.importorskip("bytewax")
+    path, sentences = wordcount.sentences_for("zipf", tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    truth = wordcount.truth_of(sentences, 25_001)      # an odd total: the two partitions differ by one
+    for variant in ("per_tuple", "batch"):
+        flow = f"bench.bytewax_wordcount:flow({variant!r}, 25001, {path!r}, {str(tmp_path / 'bytewax-out')!r})"
+        wordcount._timed_run([sys.executable, "-m", "bytewax.testing", flow, "-p", "2"], str(tmp_path), env, truth)
+    with pytest.raises(AssertionError, match="wrong counts"):
+        wordcount._timed_run([sys.executable, "-m", "bytewax.testing", flow, "-w", "2"], str(tmp_path), env,
+                             truth + Counter({"extra": 1}))
