@@ -23,6 +23,8 @@ three asyncio tasks joined by ``asyncio.Queue(1000)`` passing one item per sente
 The per-tuple API's floor (``run_api_floor``) calls the example's ``SplitBolt`` and
 ``FinalCountBolt`` with no engine between them (``emit`` a bare ``list.append``, tuple
 objects built by C-level maps): what the per-tuple components cost before any engine work.
+The sides the comparison with Bytewax rests on also run on the ``zipf`` input below
+(``zipf_...``), whose 5,000 words are the many keys of real text where the example has 27.
 One extra topo side keeps the topology earlier figures were taken on (``SplitBolt`` ->
 ``CountBolt``, which emits a running count per word).
 
@@ -128,14 +130,16 @@ class _BatchFinal(_Registered, BatchFinalCountBolt):
     pass
 
 
-async def run_topo(n: int, acking: bool, variant: str, granularity: str = "tuple") -> tuple[float, Counter[str]]:
+async def run_topo(n: int, acking: bool, variant: str, granularity: str = "tuple",
+                   sentences: Sequence[str] = DEFAULT_SENTENCES) -> tuple[float, Counter[str]]:
     """``variant``: "per_tuple", "batch" or "running" (the running counts of earlier figures);
-    ``granularity``: what one ack covers with acking on (``acking.granularity``)."""
+    ``granularity``: what one ack covers with acking on (``acking.granularity``); sentence
+    ``i`` is ``sentences[i % len(sentences)]``."""
     _Counts.registry = []
     b = TopologyBuilder("wc-bench", {"acking": acking, "backpressure.policy": "none",
                                      "max_spout_pending": 5000, "acking.granularity": granularity})
     batch = variant == "batch"
-    b.spout("sentences", SentenceSpout(repeat=n // len(DEFAULT_SENTENCES), batch=1000 if batch else 1))
+    b.spout("sentences", SentenceSpout(sentences, repeat=n // len(sentences), batch=1000 if batch else 1))
     b.bolt("split", BatchSplitBolt() if batch else SplitBolt()).shuffle("sentences")
     count = {"batch": _BatchFinal, "per_tuple": _Final, "running": _Counts}[variant]
     b.bolt("count", count()).fields("split", "word")
@@ -189,7 +193,7 @@ def _wire(values: list[Any]) -> Any:
     return run_tuples([values, None, None, 0.0, None, 0])
 
 
-def run_api_floor(n: int) -> tuple[float, Counter[str]]:
+def run_api_floor(n: int, sentences: Sequence[str] = DEFAULT_SENTENCES) -> tuple[float, Counter[str]]:
     """The per-tuple components' own calls with no engine between them: the example's
     ``SplitBolt.execute`` once per sentence (its ``emit`` a bare ``list.append``), then
     ``FinalCountBolt.execute`` once per word, every tuple object built by C-level maps,
@@ -198,27 +202,27 @@ def run_api_floor(n: int) -> tuple[float, Counter[str]]:
     calls these components as they are written can be faster."""
     split, count, collector = SplitBolt(), FinalCountBolt(), _AppendCollector()
     split.collector = collector  # type: ignore[assignment]
-    sentences = [[DEFAULT_SENTENCES[i % len(DEFAULT_SENTENCES)]] for i in range(n)]
+    rows = [[sentences[i % len(sentences)]] for i in range(n)]
     out = collector.out
     t0 = time.perf_counter()
     for i in range(0, n, 1000):     # 1,000 sentences at a time, as Bytewax reads them
-        deque(map(split.execute, _wire(sentences[i:i + 1000])), 0)
+        deque(map(split.execute, _wire(rows[i:i + 1000])), 0)
         deque(map(count.execute, _wire(out)), 0)
         out.clear()
     return time.perf_counter() - t0, count.counts
 
 
-def run_bytewax(n: int, batch: bool) -> tuple[float, Counter[str]] | None:
+def run_bytewax(n: int, batch: bool, sentences: Sequence[str] = DEFAULT_SENTENCES) -> tuple[float, Counter[str]] | None:
     try:
         import bytewax.operators as op
         from bytewax.dataflow import Dataflow
         from bytewax.testing import TestingSink, TestingSource, run_main
     except ImportError:
         return None
-    sentences = [DEFAULT_SENTENCES[i % len(DEFAULT_SENTENCES)] for i in range(n)]
+    items = [sentences[i % len(sentences)] for i in range(n)]
     out: list[tuple[str, int]] = []
     flow = Dataflow("wordcount")
-    src = op.input("in", flow, TestingSource(sentences, batch_size=1000))
+    src = op.input("in", flow, TestingSource(items, batch_size=1000))
     if batch:
         ws = op.flat_map_batch("split", src, words_of_batch)
     else:
@@ -231,8 +235,14 @@ def run_bytewax(n: int, batch: bool) -> tuple[float, Counter[str]] | None:
 
 
 def measure(n: int = SENTENCES, repeats: int = REPEATS) -> dict[str, Any]:
+    """Words/s of every side on the example's sentences and, for the sides the comparison
+    with Bytewax rests on, on the ``zipf`` input too (keys ``zipf_...``: 5,000 words, where
+    the example has 27; ``n`` rounded to whole passes over its 10,000 sentences)."""
     truth = _truth(n)
     n_words = sum(truth.values())
+    zipf = vocabulary_sentences(WORKER_INPUTS["zipf"])
+    n_zipf = max(n // len(zipf), 1) * len(zipf)
+    truth_zipf = truth_of(zipf, n_zipf)
     sides: dict[str, Callable[[], tuple[float, Counter[str]] | None]] = {
         "topo_per_tuple_acking_off": lambda: uvloop.run(run_topo(n, False, "per_tuple")),
         "topo_per_tuple_acking_on": lambda: uvloop.run(run_topo(n, True, "per_tuple")),
@@ -245,7 +255,17 @@ def measure(n: int = SENTENCES, repeats: int = REPEATS) -> dict[str, Any]:
         "per_tuple_api_floor": lambda: run_api_floor(n),
         "bytewax_flat_map": lambda: run_bytewax(n, False),
         "bytewax_flat_map_batch": lambda: run_bytewax(n, True),
+        "zipf_topo_per_tuple_acking_off": lambda: uvloop.run(run_topo(n_zipf, False, "per_tuple", sentences=zipf)),
+        "zipf_topo_per_tuple_acking_on_batch_granularity":
+            lambda: uvloop.run(run_topo(n_zipf, True, "per_tuple", "batch", sentences=zipf)),
+        "zipf_topo_batch_acking_off": lambda: uvloop.run(run_topo(n_zipf, False, "batch", sentences=zipf)),
+        "zipf_topo_batch_acking_on_batch_granularity":
+            lambda: uvloop.run(run_topo(n_zipf, True, "batch", "batch", sentences=zipf)),
+        "zipf_per_tuple_api_floor": lambda: run_api_floor(n_zipf, zipf),
+        "zipf_bytewax_flat_map": lambda: run_bytewax(n_zipf, False, zipf),
+        "zipf_bytewax_flat_map_batch": lambda: run_bytewax(n_zipf, True, zipf),
     }
+    truths = {k: (truth_zipf if k.startswith("zipf_") else truth) for k in sides}
     rates: dict[str, list[float]] = {k: [] for k in sides}
     for i in range(repeats):
         order = list(sides) if i % 2 == 0 else list(reversed(sides))
@@ -254,11 +274,12 @@ def measure(n: int = SENTENCES, repeats: int = REPEATS) -> dict[str, Any]:
             if got is None:
                 continue
             elapsed, counts = got
-            if counts != truth:
+            if counts != truths[name]:
                 raise AssertionError(f"{name}: wrong counts")
-            rates[name].append(n_words / elapsed)
+            rates[name].append(sum(truths[name].values()) / elapsed)
     med = {k: statistics.median(v) for k, v in rates.items() if v}
     out: dict[str, Any] = {"sentences": n, "words": n_words, "repeats": repeats,
+                           "zipf_sentences": n_zipf, "zipf_words": sum(truth_zipf.values()),
                            "python": sys.version.split()[0], "machine": platform.machine(),
                            "words_per_s": rates, "median_words_per_s": med}
     ratios = {"per_tuple_vs_bytewax": ("topo_per_tuple_acking_off", "bytewax_flat_map"),
@@ -273,7 +294,15 @@ def measure(n: int = SENTENCES, repeats: int = REPEATS) -> dict[str, Any]:
               "batch_vs_per_tuple": ("topo_batch_acking_off", "topo_per_tuple_acking_off"),
               "per_tuple_vs_bare": ("topo_per_tuple_acking_off", "bare_asyncio_chain"),
               "per_tuple_vs_api_floor": ("topo_per_tuple_acking_off", "per_tuple_api_floor"),
-              "api_floor_vs_bytewax": ("per_tuple_api_floor", "bytewax_flat_map")}
+              "api_floor_vs_bytewax": ("per_tuple_api_floor", "bytewax_flat_map"),
+              "zipf_per_tuple_vs_bytewax": ("zipf_topo_per_tuple_acking_off", "zipf_bytewax_flat_map"),
+              "zipf_per_tuple_batch_granularity_vs_bytewax": ("zipf_topo_per_tuple_acking_on_batch_granularity",
+                                                              "zipf_bytewax_flat_map"),
+              "zipf_batch_vs_bytewax": ("zipf_topo_batch_acking_off", "zipf_bytewax_flat_map_batch"),
+              "zipf_batch_batch_granularity_vs_bytewax": ("zipf_topo_batch_acking_on_batch_granularity",
+                                                          "zipf_bytewax_flat_map_batch"),
+              "zipf_per_tuple_vs_api_floor": ("zipf_topo_per_tuple_acking_off", "zipf_per_tuple_api_floor"),
+              "zipf_api_floor_vs_bytewax": ("zipf_per_tuple_api_floor", "zipf_bytewax_flat_map")}
     out["ratios"] = {k: med[a] / med[b] for k, (a, b) in ratios.items() if a in med and b in med}
     return out
 

@@ -24,7 +24,8 @@ def test_signal_latency_bench_measures_on_the_embedded_coordinator() -> None:
 def test_wordcount_bench_checks_counts_on_every_side() -> None:
     out = wordcount.measure(n=5_000, repeats=1)       # raises if any side counts wrong
     assert {"topo_per_tuple_acking_off", "topo_per_tuple_acking_on", "topo_batch_acking_off",
-            "topo_batch_acking_on", "bare_asyncio_chain", "per_tuple_api_floor"} <= set(out["median_words_per_s"])
+            "topo_batch_acking_on", "bare_asyncio_chain", "per_tuple_api_floor", "zipf_topo_per_tuple_acking_off",
+            "zipf_per_tuple_api_floor", "zipf_topo_batch_acking_on_batch_granularity"} <= set(out["median_words_per_s"])
 
 
 def test_the_api_floor_runs_the_example_components_and_counts_every_word() -> None:
