@@ -22,19 +22,20 @@ from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
 
 from bench.wordcount import words, words_of_batch
-from topo.examples.wordcount import DEFAULT_SENTENCES
+from topo.examples.wordcount import DEFAULT_SENTENCES, SentenceSource
 
 PARTITIONS = 2          # as topo's spout x2 in the workers bench
 BATCH = 1000
 
 
 class _Part(StatefulSourcePartition[str, int]):
-    """Sentences ``k, k + P, ...`` of ``total``, ``BATCH`` per ``next_batch``."""
+    """Partition ``k`` of the ``SentenceSource`` (sentences ``k, k + P, ...``), ``BATCH`` per
+    ``next_batch``."""
 
-    def __init__(self, sentences: list[str], total: int, k: int, resume: int | None) -> None:
-        self.sentences, self.total, self.k = sentences, total, k
+    def __init__(self, source: SentenceSource, k: int, resume: int | None) -> None:
+        self.sentences, self.k = source.sentences, k
         self.seq = resume or 0
-        self.end = (total - k + PARTITIONS - 1) // PARTITIONS
+        self.end = source.latest()[k]
 
     def next_batch(self) -> List[str]:
         if self.seq >= self.end:
@@ -51,13 +52,13 @@ class _Part(StatefulSourcePartition[str, int]):
 
 class _Sentences(FixedPartitionedSource[str, int]):
     def __init__(self, sentences: list[str], total: int) -> None:
-        self.sentences, self.total = sentences, total
+        self.source = SentenceSource(sentences, total, PARTITIONS)
 
     def list_parts(self) -> List[str]:
         return [str(k) for k in range(PARTITIONS)]
 
     def build_part(self, step_id: str, for_part: str, resume_state: int | None) -> _Part:
-        return _Part(self.sentences, self.total, int(for_part), resume_state)
+        return _Part(self.source, int(for_part), resume_state)
 
 
 class _CountsFile(StatelessSinkPartition[Any]):

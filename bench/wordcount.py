@@ -447,24 +447,22 @@ def measure_workers(sentences: int = WORKER_SENTENCES, rounds: int = WORKER_ROUN
     med = {k: statistics.median(v) for k, v in times.items()}
     speedup = {k.replace("_workers_1", ""): med[k] / med[k.replace("_workers_1", "_workers_2")]
                for k in med if k.endswith("_workers_1")}
-    bytewax_at = {}     # Bytewax's fastest way to run at 1 and at 2 processes
-    for k in med:
-        if "bytewax_" in k and k.endswith("_p1"):
-            base = k[:-3]
-            bytewax_at[f"{base}_1"] = med[k]
-            bytewax_at[f"{base}_2"] = min(med[f"{base}_p2"], med[f"{base}_w2"])
-    vs_bytewax = {}
-    for k in med:
-        if "_acking_" in k and "_workers_" in k:
-            v_part, w = k.rsplit("_workers_", 1)
-            prefix_v, _ = v_part.split("_acking_", 1)
-            for v in ("per_tuple", "batch"):
-                if prefix_v.endswith(v):
-                    ref = f"{prefix_v[:-len(v)]}bytewax_{v}_{w}"
-                    if ref in bytewax_at:
-                        vs_bytewax[k] = bytewax_at[ref] / med[k]
-    bytewax_speedup = {k[:-2]: bytewax_at[k[:-2] + "_1"] / bytewax_at[k]
-                       for k in bytewax_at if k.endswith("_2")}
+    bytewax_at: dict[str, float] = {}        # Bytewax's faster way at 1 and at 2 processes
+    bytewax_speedup: dict[str, float] = {}
+    vs_bytewax: dict[str, float] = {}
+    for source in inputs:
+        prefix = "" if source == "example" else f"{source}_"
+        for v in ("per_tuple", "batch"):
+            bx = f"{prefix}bytewax_{v}"
+            if f"{bx}_p1" not in med:
+                continue
+            at = {1: med[f"{bx}_p1"], 2: min(med[f"{bx}_p2"], med[f"{bx}_w2"])}
+            bytewax_at[f"{bx}_1"], bytewax_at[f"{bx}_2"] = at[1], at[2]
+            bytewax_speedup[bx] = at[1] / at[2]
+            for mode in modes:
+                for w in (1, 2):
+                    key = f"{prefix}{v}_acking_{mode}_workers_{w}"
+                    vs_bytewax[key] = at[w] / med[key]
     return {"sentences": totals, "inputs": list(inputs), "key_shares_2_tasks": shares, "rounds": rounds,
             "seconds": times, "median_seconds": med, "speedup_2_vs_1": speedup,
             "bytewax_seconds_at": bytewax_at, "bytewax_speedup_2_vs_1": bytewax_speedup,
