@@ -22,7 +22,7 @@ from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
 
 from bench.wordcount import words, words_of_batch
-from topo.examples.wordcount import DEFAULT_SENTENCES, SentenceSource
+from topo.examples.wordcount import SentenceSource, SentenceSpout
 
 PARTITIONS = 2          # as topo's spout x2 in the workers bench
 BATCH = 1000
@@ -80,15 +80,10 @@ class _CountsDir(DynamicSink[Any]):
         return _CountsFile(self.out / f"worker-{worker_index}.json")
 
 
-def sentences_of(path: str) -> list[str]:
-    """The example's sentences, or those of the file at ``path`` (one per line)."""
-    return Path(path).read_text(encoding="utf-8").splitlines() if path else list(DEFAULT_SENTENCES)
-
-
 def flow(variant: str, total: int, path: str, out: str) -> Dataflow:
     """The dataflow: ``variant`` "per_tuple" (``flat_map``) or "batch" (``flat_map_batch``)."""
     f = Dataflow("wordcount")
-    src = op.input("in", f, _Sentences(sentences_of(path), total))
+    src = op.input("in", f, _Sentences(SentenceSpout(path=path or None).sentences, total))   # read as topo's spout reads them
     ws = op.flat_map_batch("split", src, words_of_batch) if variant == "batch" else op.flat_map("split", src, words)
     op.output("out", op.count_final("count", ws, lambda w: w), _CountsDir(out))
     return f

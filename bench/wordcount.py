@@ -72,7 +72,7 @@ from typing import Any, Callable, Sequence
 import uvloop
 
 from topo.examples.wordcount import (DEFAULT_SENTENCES, BatchFinalCountBolt, BatchSplitBolt, CountBolt,
-                                     FinalCountBolt, SentenceSpout, SplitBolt, expected_counts)
+                                     FinalCountBolt, SentenceSpout, SplitBolt)
 from topo.api import run_tuples
 from topo.groupings import fields_task_index
 from topo.topology import TopologyBuilder
@@ -103,10 +103,6 @@ def words(sentence: str) -> list[str]:
 def words_of_batch(sentences: list[str]) -> list[str]:
     """The words of a batch of sentences, by the same C-level maps as ``BatchSplitBolt``."""
     return list(chain.from_iterable(map(_WORD.findall, map(str.lower, sentences))))
-
-
-def _truth(n: int) -> Counter[str]:
-    return expected_counts(repeat=n // len(DEFAULT_SENTENCES))
 
 
 class _Registered:
@@ -239,7 +235,7 @@ def measure(n: int = SENTENCES, repeats: int = REPEATS) -> dict[str, Any]:
     """Words/s of every side on the example's sentences and, for the sides the comparison
     with Bytewax rests on, on the ``zipf`` input too (keys ``zipf_...``: 5,000 words, where
     the example has 27; ``n`` rounded to whole passes over its 10,000 sentences)."""
-    truth = _truth(n)
+    truth = truth_of(DEFAULT_SENTENCES, n // len(DEFAULT_SENTENCES) * len(DEFAULT_SENTENCES))
     n_words = sum(truth.values())
     zipf = vocabulary_sentences(WORKER_INPUTS["zipf"])
     n_zipf = max(n // len(zipf), 1) * len(zipf)

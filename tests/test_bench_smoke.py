@@ -30,7 +30,7 @@ def test_wordcount_bench_checks_counts_on_every_side() -> None:
 
 def test_the_api_floor_runs_the_example_components_and_counts_every_word() -> None:
     elapsed, counts = wordcount.run_api_floor(2_500)      # not a multiple of its 1,000-sentence chunks
-    assert elapsed > 0 and counts == wordcount._truth(2_500)
+    assert elapsed > 0 and counts == wordcount.truth_of(wordcount.DEFAULT_SENTENCES, 2_500)
 
 
 def test_the_made_up_inputs_are_seeded_and_the_uniform_one_spreads_its_words_evenly(tmp_path: Path) -> None:
