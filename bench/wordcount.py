@@ -34,11 +34,12 @@ process start included) on ``WORKER_SENTENCES`` sentences per tuple and ``WORKER
 0.3-0.5 s of process start, paid once by a topology that runs for hours, is not a fifth of
 a run), spout x2 (``local_or_shuffle``
 to the split, so sentences stay in their worker), split x2, count x2 (fields), per-tuple
-(running counts) and batch variants, acking off, on, and on with ``acking.granularity:
-batch``, ``WORKER_ROUNDS`` interleaved rounds, medians, with bytecode caching on
-(``PYTHONDONTWRITEBYTECODE`` dropped from the command's environment). The batch count
-emits its finals at the end of the input (one end-of-input round across workers);
-nothing subscribes to them here. Beside them, in the same rounds, the same word count in
+(``SplitBolt`` -> ``FinalCountBolt``) and batch variants, acking off, on, and on with
+``acking.granularity: batch``, ``WORKER_ROUNDS`` interleaved rounds, medians, with bytecode
+caching on (``PYTHONDONTWRITEBYTECODE`` dropped from the command's environment). Both counts
+emit their finals at the end of the input (one end-of-input round across workers), as
+Bytewax's ``count_final`` does,
+to a ``JsonLinesSink`` x2 whose files are checked against the truth after every run. Beside them, in the same rounds, the same word count in
 Bytewax (``bench/bytewax_wordcount.py``: two source partitions, ``flat_map`` or
 ``flat_map_batch``, ``count_final``) run by ``python -m bytewax.testing`` with ``-p 1``,
 ``-p 2`` and ``-w 2`` (wall time, final counts checked on every run), and topo against
@@ -358,11 +359,14 @@ def key_shares(sentences: Sequence[str], tasks: int = 2) -> list[float]:
     return [x / sum(share) for x in share]
 
 
-def worker_spec(variant: str, sentences: int, path: str = "", per_file: int = len(DEFAULT_SENTENCES)) -> str:
+def worker_spec(variant: str, sentences: int, path: str = "", per_file: int = len(DEFAULT_SENTENCES),
+                out: str = "out") -> str:
     """The YAML the workers bench runs (see the module docstring); ``path``: a file of
-    ``per_file`` sentences to read instead of the example's."""
+    ``per_file`` sentences to read instead of the example's; ``out``: the directory the
+    counts are written to (a JSON-lines file per count task, read by ``read_topo_counts``)."""
     batch = variant == "batch"
     source = f"path: {json.dumps(path)}, " if path else ""
+    counts = json.dumps(str(Path(out) / "counts-{task}.jsonl"))
     return f"""name: wc-workers
 config:
   backpressure.policy: none
@@ -377,12 +381,29 @@ bolts:
     class: topo.examples.wordcount.{"BatchSplitBolt" if batch else "SplitBolt"}
     parallelism: 2
   - id: count
-    class: topo.examples.wordcount.{"BatchFinalCountBolt" if batch else "CountBolt"}
+    class: topo.examples.wordcount.{"BatchFinalCountBolt" if batch else "FinalCountBolt"}
+    parallelism: 2
+  - id: counts
+    class: topo.sinks.JsonLinesSink
+    kwargs: {{path: {counts}, fields: [word, count]}}
     parallelism: 2
 streams:
   - {{from: sentences, to: split, grouping: {{type: local_or_shuffle}}}}
   - {{from: split, to: count, grouping: {{type: fields, fields: [word]}}}}
+  - {{from: count, to: counts, grouping: {{type: local_or_shuffle}}}}
 """
+
+
+def read_topo_counts(out: str) -> dict[str, int]:
+    """The final counts the workers bench's sink tasks wrote (a word's count in one line)."""
+    total: dict[str, int] = {}
+    for p in Path(out).glob("counts-*.jsonl"):
+        for line in p.read_text(encoding="utf-8").splitlines():
+            row = json.loads(line)
+            if row["word"] in total:
+                raise AssertionError(f"{row['word']!r} counted twice")
+            total[row["word"]] = row["count"]
+    return total
 
 
 WORKER_MODES = {"off": ["acking=false"], "on": ["acking=true"],
@@ -423,17 +444,16 @@ def measure_workers(sentences: int = WORKER_SENTENCES, rounds: int = WORKER_ROUN
                 total = wanted // len(sents) * len(sents)
                 totals[f"{prefix}{v}"] = total
                 spec = Path(d) / f"{prefix}{v}.yaml"
-                spec.write_text(worker_spec(v, total, path, len(sents)))
+                spec.write_text(worker_spec(v, total, path, len(sents), str(Path(d) / "out")))
+                truth = truth_of(sents, total)
                 for mode in modes:
                     for w in (1, 2):
                         cmd = [sys.executable, "-m", "topo.cli", "run", str(spec), "--quiet", "--workers", str(w)]
                         for setting in WORKER_MODES[mode]:
                             cmd += ["--config", setting]
-                        runs.append((f"{prefix}{v}_acking_{mode}_workers_{w}", cmd, None))
+                        runs.append((f"{prefix}{v}_acking_{mode}_workers_{w}", cmd, truth))
                 if bytewax:
-                    truth = truth_of(sents, total)
-                    out = str(Path(d) / "bytewax-out")
-                    flow = f"bench.bytewax_wordcount:flow({v!r}, {total}, {path!r}, {out!r})"
+                    flow = f"bench.bytewax_wordcount:flow({v!r}, {total}, {path!r}, {str(Path(d) / 'out')!r})"
                     for name, flags in BYTEWAX_PROCESSES.items():
                         runs.append((f"{prefix}bytewax_{v}_{name}",
                                      [sys.executable, "-m", "bytewax.testing", flow, *flags], truth))
@@ -466,9 +486,10 @@ def measure_workers(sentences: int = WORKER_SENTENCES, rounds: int = WORKER_ROUN
 
 
 def _timed_run(cmd: list[str], cwd: str, env: dict[str, str], truth: Counter[str] | None) -> float:
-    """Wall seconds of ``cmd`` (process start included); with ``truth``, a Bytewax run whose
-    workers' final counts (``bench.bytewax_wordcount``) must equal it."""
-    out = Path(cwd) / "bytewax-out"
+    """Wall seconds of ``cmd`` (process start included); with ``truth``, the final counts the
+    run wrote into ``cwd``/out (topo's sink tasks, ``read_topo_counts``, or Bytewax's workers,
+    ``bench.bytewax_wordcount.read_counts``) must equal it."""
+    out = Path(cwd) / "out"
     if truth is not None:
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir()
@@ -478,8 +499,12 @@ def _timed_run(cmd: list[str], cwd: str, env: dict[str, str], truth: Counter[str
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}: {done.stderr.strip()[-2000:]}")
     if truth is not None:
-        from bench.bytewax_wordcount import read_counts
-        if Counter(read_counts(str(out))) != truth:
+        if "bytewax.testing" in cmd:
+            from bench.bytewax_wordcount import read_counts
+            counts = read_counts(str(out))
+        else:
+            counts = read_topo_counts(str(out))
+        if Counter(counts) != truth:
             raise AssertionError(f"{' '.join(cmd)}: wrong counts")
     return elapsed
 

@@ -48,8 +48,21 @@ def test_the_workers_bench_checks_bytewax_counts_across_two_processes(tmp_path: 
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     truth = wordcount.truth_of(sentences, 25_001)      # an odd total: the two partitions differ by one
     for variant in ("per_tuple", "batch"):
-        flow = f"bench.bytewax_wordcount:flow({variant!r}, 25001, {path!r}, {str(tmp_path / 'bytewax-out')!r})"
+        flow = f"bench.bytewax_wordcount:flow({variant!r}, 25001, {path!r}, {str(tmp_path / 'out')!r})"
         wordcount._timed_run([sys.executable, "-m", "bytewax.testing", flow, "-p", "2"], str(tmp_path), env, truth)
     with pytest.raises(AssertionError, match="wrong counts"):
         wordcount._timed_run([sys.executable, "-m", "bytewax.testing", flow, "-w", "2"], str(tmp_path), env,
                              truth + Counter({"extra": 1}))
+
+
+def test_the_workers_bench_checks_topo_counts_written_by_two_workers(tmp_path: Path) -> None:
+    path, sentences = wordcount.sentences_for("zipf", tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    truth = wordcount.truth_of(sentences, 20_000)
+    for variant in ("per_tuple", "batch"):
+        spec = tmp_path / f"{variant}.yaml"
+        spec.write_text(wordcount.worker_spec(variant, 20_000, path, len(sentences), str(tmp_path / "out")))
+        cmd = [sys.executable, "-m", "topo.cli", "run", str(spec), "--quiet", "--workers", "2"]
+        wordcount._timed_run(cmd, str(tmp_path), env, truth)
+    with pytest.raises(AssertionError, match="wrong counts"):
+        wordcount._timed_run(cmd, str(tmp_path), env, truth + Counter({"extra": 1}))
