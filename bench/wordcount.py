@@ -35,7 +35,7 @@ process start included) on ``WORKER_SENTENCES`` sentences per tuple and ``WORKER
 a run), spout x2 (``local_or_shuffle``
 to the split, so sentences stay in their worker), split x2, count x2 (fields), per-tuple
 (``SplitBolt`` -> ``FinalCountBolt``) and batch variants, acking off, on, and on with
-``acking.granularity: batch``, ``WORKER_ROUNDS`` interleaved rounds, medians (and each speed-up also as the median
+``acking.granularity: batch``, ``WORKER_ROUNDS`` (``--worker-rounds``) interleaved rounds, medians (and each speed-up also as the median
 of the rounds' own ratios, ``speedup_2_vs_1_paired``), with bytecode
 caching on (``PYTHONDONTWRITEBYTECODE`` dropped from the command's environment). Both counts
 emit their finals at the end of the input (one end-of-input round across workers), as
@@ -547,12 +547,16 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [m for m in inputs if m not in WORKER_INPUTS]
     if unknown:
         raise SystemExit(f"--worker-inputs: unknown {unknown} (known: {', '.join(WORKER_INPUTS)})")
+    given = args[args.index("--worker-rounds") + 1] if "--worker-rounds" in args else str(WORKER_ROUNDS)
+    if not given.isdigit() or int(given) < 1:
+        raise SystemExit(f"--worker-rounds: a whole number >= 1, got {given!r}")
+    rounds = int(given)
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     load_start = os.getloadavg()
     out = measure(n=50_000, repeats=2) if quick else measure()
     out["spread"] = widest_from_median(out["words_per_s"])
     out["workers"] = (measure_workers(60_000, 1, modes, inputs) if quick
-                      else measure_workers(modes=modes, inputs=inputs))
+                      else measure_workers(rounds=rounds, modes=modes, inputs=inputs))
     out["workers"]["spread"] = widest_from_median(out["workers"]["seconds"])
     out["run"] = {"commit": _commit(), "started": started,
                   "ended": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
