@@ -21,7 +21,7 @@ from bytewax.dataflow import Dataflow
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
 
-from bench.wordcount import words, words_of_batch
+from bench.wordcount import merge_counts, words, words_of_batch
 from topo.examples.wordcount import SentenceSource, SentenceSpout
 
 PARTITIONS = 2          # as topo's spout x2 in the workers bench
@@ -91,10 +91,4 @@ def flow(variant: str, total: int, path: str, out: str) -> Dataflow:
 
 def read_counts(out: str) -> dict[str, int]:
     """The final counts every worker wrote (a word's count lives in one worker)."""
-    total: dict[str, int] = {}
-    for p in Path(out).glob("worker-*.json"):
-        for w, n in json.loads(p.read_text()).items():
-            if w in total:
-                raise AssertionError(f"{w!r} counted by two workers")
-            total[w] = n
-    return total
+    return merge_counts(pair for p in Path(out).glob("worker-*.json") for pair in json.loads(p.read_text()).items())

@@ -69,7 +69,7 @@ import time
 from collections import Counter, deque
 from itertools import chain
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import uvloop
 
@@ -395,16 +395,22 @@ streams:
 """
 
 
+def merge_counts(pairs: Iterable[tuple[str, int]]) -> dict[str, int]:
+    """Final ``(word, count)`` pairs from several tasks or workers, as one dict; a word's
+    final count comes from one place, so a word seen twice is an error."""
+    total: dict[str, int] = {}
+    for w, n in pairs:
+        if w in total:
+            raise AssertionError(f"{w!r} counted twice")
+        total[w] = n
+    return total
+
+
 def read_topo_counts(out: str) -> dict[str, int]:
     """The final counts the workers bench's sink tasks wrote (a word's count in one line)."""
-    total: dict[str, int] = {}
-    for p in Path(out).glob("counts-*.jsonl"):
-        for line in p.read_text(encoding="utf-8").splitlines():
-            row = json.loads(line)
-            if row["word"] in total:
-                raise AssertionError(f"{row['word']!r} counted twice")
-            total[row["word"]] = row["count"]
-    return total
+    rows = (json.loads(line) for p in Path(out).glob("counts-*.jsonl")
+            for line in p.read_text(encoding="utf-8").splitlines())
+    return merge_counts((r["word"], r["count"]) for r in rows)
 
 
 WORKER_MODES = {"off": ["acking=false"], "on": ["acking=true"],
@@ -437,7 +443,8 @@ def measure_workers(sentences: int = WORKER_SENTENCES, rounds: int = WORKER_ROUN
     with tempfile.TemporaryDirectory() as d:
         made = {source: sentences_for(source, Path(d)) for source in WORKER_INPUTS}
         shares = {source: key_shares(sents) for source, (_, sents) in made.items()}   # every input's, run or not
-        runs: list[tuple[str, list[str], Counter[str] | None]] = []
+        out = str(Path(d) / "out")           # where every run writes its final counts
+        runs: list[tuple[str, list[str], Counter[str], Callable[[str], dict[str, int]]]] = []
         for source in inputs:
             path, sents = made[source]
             prefix = "" if source == "example" else f"{source}_"
@@ -445,22 +452,23 @@ def measure_workers(sentences: int = WORKER_SENTENCES, rounds: int = WORKER_ROUN
                 total = wanted // len(sents) * len(sents)
                 totals[f"{prefix}{v}"] = total
                 spec = Path(d) / f"{prefix}{v}.yaml"
-                spec.write_text(worker_spec(v, total, path, len(sents), str(Path(d) / "out")))
+                spec.write_text(worker_spec(v, total, path, len(sents), out))
                 truth = truth_of(sents, total)
                 for mode in modes:
                     for w in (1, 2):
                         cmd = [sys.executable, "-m", "topo.cli", "run", str(spec), "--quiet", "--workers", str(w)]
                         for setting in WORKER_MODES[mode]:
                             cmd += ["--config", setting]
-                        runs.append((f"{prefix}{v}_acking_{mode}_workers_{w}", cmd, truth))
+                        runs.append((f"{prefix}{v}_acking_{mode}_workers_{w}", cmd, truth, read_topo_counts))
                 if bytewax:
-                    flow = f"bench.bytewax_wordcount:flow({v!r}, {total}, {path!r}, {str(Path(d) / 'out')!r})"
+                    from bench.bytewax_wordcount import read_counts
+                    flow = f"bench.bytewax_wordcount:flow({v!r}, {total}, {path!r}, {out!r})"
                     for name, flags in BYTEWAX_PROCESSES.items():
                         runs.append((f"{prefix}bytewax_{v}_{name}",
-                                     [sys.executable, "-m", "bytewax.testing", flow, *flags], truth))
+                                     [sys.executable, "-m", "bytewax.testing", flow, *flags], truth, read_counts))
         for i in range(rounds):
-            for key, cmd, truth in (runs if i % 2 == 0 else runs[::-1]):
-                times.setdefault(key, []).append(_timed_run(cmd, d, env, truth))
+            for key, cmd, truth, read in (runs if i % 2 == 0 else runs[::-1]):
+                times.setdefault(key, []).append(_timed_run(cmd, out, env, truth, read))
     med = {k: statistics.median(v) for k, v in times.items()}
     speedup = {k.replace("_workers_1", ""): med[k] / med[k.replace("_workers_1", "_workers_2")]
                for k in med if k.endswith("_workers_1")}
@@ -492,27 +500,21 @@ def measure_workers(sentences: int = WORKER_SENTENCES, rounds: int = WORKER_ROUN
             "topo_vs_bytewax_same_processes": vs_bytewax}
 
 
-def _timed_run(cmd: list[str], cwd: str, env: dict[str, str], truth: Counter[str] | None) -> float:
-    """Wall seconds of ``cmd`` (process start included); with ``truth``, the final counts the
-    run wrote into ``cwd``/out (topo's sink tasks, ``read_topo_counts``, or Bytewax's workers,
-    ``bench.bytewax_wordcount.read_counts``) must equal it."""
-    out = Path(cwd) / "out"
-    if truth is not None:
-        shutil.rmtree(out, ignore_errors=True)
-        out.mkdir()
+def _timed_run(cmd: list[str], out: str, env: dict[str, str], truth: Counter[str],
+               read: Callable[[str], dict[str, int]]) -> float:
+    """Wall seconds of ``cmd`` (process start included), run in the emptied directory ``out``;
+    the final counts it wrote there, as ``read`` gives them (``read_topo_counts`` for topo's
+    sink tasks, ``bench.bytewax_wordcount.read_counts`` for Bytewax's workers), must equal
+    ``truth``."""
+    shutil.rmtree(out, ignore_errors=True)
+    Path(out).mkdir(parents=True)
     t0 = time.perf_counter()
-    done = subprocess.run(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
+    done = subprocess.run(cmd, cwd=out, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
     elapsed = time.perf_counter() - t0
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}: {done.stderr.strip()[-2000:]}")
-    if truth is not None:
-        if "bytewax.testing" in cmd:
-            from bench.bytewax_wordcount import read_counts
-            counts = read_counts(str(out))
-        else:
-            counts = read_topo_counts(str(out))
-        if Counter(counts) != truth:
-            raise AssertionError(f"{' '.join(cmd)}: wrong counts")
+    if Counter(read(out)) != truth:
+        raise AssertionError(f"{' '.join(cmd)}: wrong counts")
     return elapsed
 
 

@@ -44,15 +44,17 @@ def test_the_made_up_inputs_are_seeded_and_the_uniform_one_spreads_its_words_eve
 
 def test_the_workers_bench_checks_bytewax_counts_across_two_processes(tmp_path: Path) -> None:
     pytest.importorskip("bytewax")
+    from bench.bytewax_wordcount import read_counts
     path, sentences = wordcount.sentences_for("zipf", tmp_path)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     truth = wordcount.truth_of(sentences, 25_001)      # an odd total: the two partitions differ by one
     for variant in ("per_tuple", "batch"):
         flow = f"bench.bytewax_wordcount:flow({variant!r}, 25001, {path!r}, {str(tmp_path / 'out')!r})"
-        wordcount._timed_run([sys.executable, "-m", "bytewax.testing", flow, "-p", "2"], str(tmp_path), env, truth)
+        wordcount._timed_run([sys.executable, "-m", "bytewax.testing", flow, "-p", "2"], str(tmp_path / "out"), env,
+                             truth, read_counts)
     with pytest.raises(AssertionError, match="wrong counts"):
-        wordcount._timed_run([sys.executable, "-m", "bytewax.testing", flow, "-w", "2"], str(tmp_path), env,
-                             truth + Counter({"extra": 1}))
+        wordcount._timed_run([sys.executable, "-m", "bytewax.testing", flow, "-w", "2"], str(tmp_path / "out"), env,
+                             truth + Counter({"extra": 1}), read_counts)
 
 
 def test_the_workers_bench_checks_topo_counts_written_by_two_workers(tmp_path: Path) -> None:
@@ -63,6 +65,6 @@ def test_the_workers_bench_checks_topo_counts_written_by_two_workers(tmp_path: P
         spec = tmp_path / f"{variant}.yaml"
         spec.write_text(wordcount.worker_spec(variant, 20_000, path, len(sentences), str(tmp_path / "out")))
         cmd = [sys.executable, "-m", "topo.cli", "run", str(spec), "--quiet", "--workers", "2"]
-        wordcount._timed_run(cmd, str(tmp_path), env, truth)
+        wordcount._timed_run(cmd, str(tmp_path / "out"), env, truth, wordcount.read_topo_counts)
     with pytest.raises(AssertionError, match="wrong counts"):
-        wordcount._timed_run(cmd, str(tmp_path), env, truth + Counter({"extra": 1}))
+        wordcount._timed_run(cmd, str(tmp_path / "out"), env, truth + Counter({"extra": 1}), wordcount.read_topo_counts)
