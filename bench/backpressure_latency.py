@@ -42,6 +42,7 @@ from backpressure.coordinator.base import Coordinator
 from backpressure.coordinator.embedded import EmbeddedCoordinator
 from backpressure.policy.stepwise import StepwiseParams
 from backpressure.drivers.stepwise import StepwiseFlowControl
+from bench.environment import stamp
 
 RESULTS = Path(__file__).parent / "results"
 SAMPLES = 300
@@ -196,7 +197,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if server is not None:
             server.cleanup()
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "backpressure_latency.json").write_text(json.dumps(result, indent=2) + "\n")
+    (RESULTS / "backpressure_latency.json").write_text(json.dumps(stamp(result, "backpressure_latency"), indent=2) + "\n")
     for name in ("embedded", "zookeeper", "zookeeper_auth"):
         r = result.get(name, {})
         if "p50_ms" in r:

@@ -91,6 +91,7 @@ from typing import Any, Callable
 
 import uvloop
 
+from bench.environment import stamp
 from runtime.local.engine import LocalEngine
 from topo.api import Bolt, Spout, Tuple
 from topo.config import ConfigError, resolve
@@ -729,7 +730,7 @@ def main(argv: list[str] | None = None) -> None:
     partial = args.policies or args.variant or set(keys) != set(SCENARIOS)
     name = ("policy_comparison_quick.json" if args.quick
             else "policy_comparison_partial.json" if partial else "policy_comparison.json")
-    (out_dir / name).write_text(json.dumps(report, indent=1) + "\n")
+    (out_dir / name).write_text(json.dumps(stamp(report, "policy_comparison"), indent=1) + "\n")
     print(table(report))
     print()
     print(goals(report))

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from runtime.spark.checkpoint_log import use_manager
+from bench.environment import stamp
 
 SETTINGS = ("spark", "filesystem")
 PHASES = ("walCommit", "commitOffsets", "triggerExecution")
@@ -86,7 +87,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--batches", type=int, default=12, help="triggers measured per run (12)")
     p.add_argument("--trigger-ms", type=int, default=500, help="the query's trigger interval (500)")
     p.add_argument("--out", type=Path, default=RESULTS)
-    a = p.parse_args(argv)
+    a = p.parse_args(list(argv or []))  # None: the defaults (python -m bench passes nothing)
     for name in ("rounds", "batches", "trigger_ms"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(a, name)}")
@@ -116,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                      "warmup_batches": WARMUP_BATCHES, "source": "rate, 1000 rows/s", "master": "local[2]"},
            "summary": summarize(runs), "runs": runs}
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(out, indent=1))
+    a.out.write_text(json.dumps(stamp(out, "spark_checkpoint_log"), indent=1))
     print(table(out))
     return out
 

@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from bench.environment import stamp
 from runtime.spark.engine import summarize
 from runtime.spark.listener import BatchRecord
 
@@ -142,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "runs": runs,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "spark_cluster.json").write_text(json.dumps(out, indent=1))
+    (RESULTS / "spark_cluster.json").write_text(json.dumps(stamp(out, "spark_cluster"), indent=1))
     print(table(out), flush=True)
     return out
 

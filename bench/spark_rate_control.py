@@ -78,6 +78,7 @@ from typing import Any, Callable, Sequence
 from topo.api import Bolt, Tuple
 from topo.sources import Bursty, SyntheticSpout
 from topo.topology import Topology, TopologyBuilder
+from bench.environment import stamp
 
 RESULTS = Path(__file__).parent / "results"
 PERIOD_S = 10.0   # the bursty source's period (a burst in its first half)
@@ -581,7 +582,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "scenarios": out_scenarios,
     }
     a.out_dir.mkdir(parents=True, exist_ok=True)
-    (a.out_dir / "spark_rate_control.json").write_text(json.dumps(out, indent=1))
+    (a.out_dir / "spark_rate_control.json").write_text(json.dumps(stamp(out, "spark_rate_control"), indent=1))
     for scenario in scenarios:
         plot(scenario, {n: rs[0] for n, rs in runs[scenario].items() if rs}, out_scenarios[scenario]["summary"],
              a.out_dir / f"spark_rate_control_{scenario}.png")

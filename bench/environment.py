@@ -1,0 +1,95 @@
+"""The machine and versions the benchmarks run with, recorded beside their results.
+
+``python -m bench`` writes it to ``bench/results/environment.json`` before it runs the
+benchmarks, so BENCHMARKS.md's generated section (``bench.report``) states what the
+figures were measured on, not what the machine that renders them has installed.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+# What a figure of ours depends on: the runtime's own dependencies, the engines and
+# services the benchmarks drive, and the comparison the word count runs against.
+PACKAGES = ("uvloop", "msgpack", "kazoo", "prometheus-client", "PyYAML", "pyspark", "bytewax", "matplotlib")
+
+
+def cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def _first_line(cmd: list[str]) -> str | None:
+    """The first line a version command prints (``java -version`` prints to stderr)."""
+    if shutil.which(cmd[0]) is None:
+        return None
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = (done.stdout or done.stderr).strip().splitlines()
+    return lines[0].strip() if lines else None
+
+
+def _deb_version(package: str) -> str | None:
+    got = _first_line(["dpkg-query", "-W", "-f=${Version}", package])
+    return got or None
+
+
+def versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    out["java"] = _first_line(["java", "-version"])
+    out["zookeeper (Debian package)"] = _deb_version("zookeeper")
+    return out
+
+
+def commit() -> str | None:
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, timeout=10, check=True)
+        return done.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def record() -> dict[str, Any]:
+    """This machine and the versions installed now, with the time and the commit."""
+    return {"recorded_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+            "commit": commit(), "cpu": cpu_model(), "cores": os.cpu_count(),
+            "os": f"{platform.system()} {platform.release()}", "machine": platform.machine(),
+            "versions": versions()}
+
+
+def command_line(module: str) -> str:
+    """How this benchmark was started, as a user would type it: ``python -m bench NAME``
+    when ``python -m bench`` ran it, else ``python -m bench.NAME`` and its arguments."""
+    if Path(sys.argv[0]).name == "__main__.py" and Path(sys.argv[0]).parent.name == "bench":
+        return f"python -m bench {module}"
+    return " ".join(["python", "-m", f"bench.{module}", *map(shlex.quote, sys.argv[1:])])
+
+
+def stamp(results: dict[str, Any], module: str) -> dict[str, Any]:
+    """``results`` with the command that made them and, under ``run``, when they were
+    written and the commit (kept where the benchmark recorded its own)."""
+    run = dict(results.get("run") or {})
+    run.setdefault("ended", datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"))
+    run.setdefault("commit", commit())
+    return results | {"command": command_line(module), "run": run}
