@@ -75,10 +75,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from bench.environment import stamp
 from topo.api import Bolt, Tuple
+from topo.config import ConfigError, resolve
 from topo.sources import Bursty, SyntheticSpout
 from topo.topology import Topology, TopologyBuilder
-from bench.environment import stamp
 
 RESULTS = Path(__file__).parent / "results"
 PERIOD_S = 10.0   # the bursty source's period (a burst in its first half)
@@ -134,6 +135,36 @@ def topology(per_period: int, rounds: int, partitions: int, total: int | None = 
 
 def base_config(interval_ms: float) -> dict[str, Any]:
     return {"spark.trigger_interval_ms": interval_ms, "spark.sink": "none"}
+
+
+def parse_variant(text: str, known: Sequence[str] = ()) -> tuple[str, str, dict[str, Any]]:
+    """``--variant NAME=BASE,KEY=VALUE...``: a controller run with settings of its own, beside
+    the others (for example ``doc001+s1=doc001,spark.smooth_batches=1``). ``NAME`` is
+    ``<base>+<word>``; every setting is checked by the config's own parser, so a mistake is
+    one line naming the key and the value. Returns (name, base, the checked settings)."""
+    name, sep, rest = (x.strip() for x in text.partition("="))
+    if not sep or not rest:
+        raise ValueError(f"--variant {text!r}: expected NAME=BASE,KEY=VALUE...")
+    base, *pairs = [x.strip() for x in rest.split(",")]
+    if base not in CONTROLLERS:
+        raise ValueError(f"--variant {text!r}: unknown base {base!r} (known: {', '.join(CONTROLLERS)})")
+    if not name.startswith(base + "+") or len(name) == len(base) + 1:
+        raise ValueError(f"--variant {text!r}: the name must be {base}+<word>, as it runs {base}")
+    if name in known:
+        raise ValueError(f"--variant {text!r}: {name!r} is named twice")
+    settings: dict[str, str] = {}
+    for pair in pairs:
+        key, eq, value = (x.strip() for x in pair.partition("="))
+        if not eq or not key:
+            raise ValueError(f"--variant {text!r}: expected KEY=VALUE, got {pair!r}")
+        settings[key] = value
+    if not settings:
+        raise ValueError(f"--variant {text!r}: no setting (it would run {base} again)")
+    try:
+        checked = resolve({**base_config(1000.0), "spark.rate_control": base, **settings})
+    except ConfigError as e:
+        raise ValueError(f"--variant {text!r}: {e}") from None
+    return name, base, {k: checked[k] for k in settings}
 
 
 def fit_overhead(batches: Sequence[Any]) -> tuple[float, float]:
@@ -241,7 +272,8 @@ def warm_up(spark: Any, rounds: int, partitions: int, interval_ms: float, second
 
 def run_controller(spark: Any, name: str, scenario: str, per_period: int, rounds: int, partitions: int,
                    periods: int, drain_cap: float, capacity: float, interval_ms: float, warmup: float,
-                   drop_factor: float, fixed_cost: float = 0.0) -> dict[str, Any]:
+                   drop_factor: float, fixed_cost: float = 0.0,
+                   variant: tuple[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """One run over the same work for every controller: the source offers ``periods``
     bursts (``periods * per_period`` rows, the last burst ending at ``10 * periods - 5`` s)
     and the run lasts until every row is processed, or ``drain_cap`` seconds after the
@@ -253,8 +285,9 @@ def run_controller(spark: Any, name: str, scenario: str, per_period: int, rounds
     of the batches that started after it (0.5: the capacity halved)."""
     from runtime.spark import engine
 
-    cfg = base_config(interval_ms) | {"spark.rate_control": name}
-    if name == "fixed":
+    base, settings = variant or (name, {})
+    cfg = base_config(interval_ms) | {"spark.rate_control": base} | settings
+    if base == "fixed":
         cfg["spark.max_rate_per_partition"] = capacity / partitions
     offered_span = PERIOD_S * periods - PERIOD_S / 2           # the last row arrives then
     drop_at = time.time() + offered_span / 2 if scenario == "capacity_drop" else math.inf
@@ -464,6 +497,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--time-cap", type=float, default=2400.0,
                    help="seconds from the start: no round starts that would end after this (by the last round's length)")
     p.add_argument("--controllers", default=",".join(CONTROLLERS))
+    p.add_argument("--variant", action="append", default=[], metavar="NAME=BASE,KEY=VALUE...",
+                   help="also run a controller with settings of its own, e.g. doc001+s1=doc001,spark.smooth_batches=1")
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
     p.add_argument("--master", default="local[2]")
     p.add_argument("--out-dir", type=Path, default=RESULTS,
@@ -481,6 +516,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     for name in a.scenarios.split(","):
         if name not in SCENARIOS:
             p.error(f"--scenarios: unknown scenario {name!r}; expected some of {', '.join(SCENARIOS)}")
+    a.variants = {}
+    for text in a.variant:
+        try:
+            name, base, settings = parse_variant(text, [*a.controllers.split(","), *a.variants])
+        except ValueError as e:
+            p.error(str(e))
+        a.variants[name] = (base, settings)
     return a
 
 
@@ -501,7 +543,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     began = time.time()
     load_start = os.getloadavg()
     commit = _commit()   # the code measured: read now, others may commit while it runs
-    names, scenarios = a.controllers.split(","), a.scenarios.split(",")
+    names, scenarios = a.controllers.split(",") + list(a.variants), a.scenarios.split(",")
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {s: {n: [] for n in names} for s in scenarios}
     pairs = [(s, n) for s in scenarios for n in names]
     stop_reason = "max_repeats"
@@ -530,7 +572,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             k = r % len(pairs)
             for scenario, name in pairs[k:] + pairs[:k]:   # rotate: the machine's load drifts
                 run = run_controller(spark, name, scenario, per_period, a.work, a.partitions, a.periods,
-                                     a.drain_cap, capacity, a.interval_ms, a.warmup, max(drop_factor, 1.0), fixed_cost)
+                                     a.drain_cap, capacity, a.interval_ms, a.warmup, max(drop_factor, 1.0), fixed_cost,
+                                     a.variants.get(name))
                 run["round"] = r
                 runs[scenario][name].append(run)
                 ratio = run.get("capacity_ratio")
@@ -574,7 +617,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                   "period_s": 10.0, "burst_fraction": 0.5, "interval_ms": a.interval_ms, "work_rounds": a.work,
                   "drop_factor": a.drop_factor, "partitions": a.partitions, "master": a.master,
                   "target_ci95_fraction": a.target_ci,
-                  "time_cap_s": a.time_cap, "min_repeats": a.min_repeats, "max_repeats": a.max_repeats},
+                  "time_cap_s": a.time_cap, "min_repeats": a.min_repeats, "max_repeats": a.max_repeats,
+                  "variants": {n: {"base": b, "settings": st} for n, (b, st) in a.variants.items()}},
         "stopped": {"reason": stop_reason, "repeats": min(len(rs) for d in runs.values() for rs in d.values()),
                     "ci95_not_under_target": left, "verdict": verdict},
         "goals": goals(out_scenarios),

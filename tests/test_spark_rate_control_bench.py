@@ -158,3 +158,20 @@ def test_a_fractional_drop_factor_hashes_that_share_of_the_last_pass():
     assert len(bench.LinearWork(rounds=1, factor=2.5, slow_from=0.0).work_bytes(text)) == 25
     assert bench.LinearWork(rounds=1, factor=2.0, slow_from=0.0).work_bytes(text) == text.encode() * 2
     assert bench.LinearWork(rounds=1, factor=2.5).work_bytes(text) == text.encode()   # before the drop
+
+
+def test_a_variant_runs_its_base_controller_with_checked_settings_of_its_own(capsys):
+    a = bench.parse_args(["--variant", "doc001+s1=doc001,spark.smooth_batches=1"])
+    assert a.variants == {"doc001+s1": ("doc001", {"spark.smooth_batches": 1})}
+    for text, says in [("doc001+s1=doc001,spark.smooth_batches=zero", "spark.smooth_batches"),
+                       ("doc001+x=nope,spark.smooth_batches=1", "unknown base 'nope'"),
+                       ("pid+s1=doc001,spark.smooth_batches=1", "the name must be doc001+<word>"),
+                       ("doc001+s1=doc001", "no setting"),
+                       ("doc001+s1=doc001,spark.no_such_key=1", "spark.no_such_key")]:
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--variant", text])
+        assert says in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--variant", "doc001+a=doc001,spark.smooth_batches=1",
+                          "--variant", "doc001+a=doc001,spark.smooth_batches=2"])
+    assert "named twice" in capsys.readouterr().err
