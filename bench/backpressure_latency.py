@@ -197,7 +197,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if server is not None:
             server.cleanup()
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "backpressure_latency.json").write_text(json.dumps(stamp(result, "backpressure_latency"), indent=2) + "\n")
+    result = stamp(result, "backpressure_latency")
+    (RESULTS / "backpressure_latency.json").write_text(json.dumps(result, indent=2) + "\n")
     for name in ("embedded", "zookeeper", "zookeeper_auth"):
         r = result.get(name, {})
         if "p50_ms" in r:

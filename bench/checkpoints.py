@@ -178,7 +178,8 @@ def main(argv: list[str] | None = None) -> None:
     quick = bool(argv) and "--quick" in argv
     out = measure(total=300_000, repeats=2, keys=100_000, bp_seconds=5.0) if quick else measure()
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "checkpoints.json").write_text(json.dumps(stamp(out, "checkpoints"), indent=2) + "\n")
+    out = stamp(out, "checkpoints")
+    (RESULTS / "checkpoints.json").write_text(json.dumps(out, indent=2) + "\n")
     t = out["throughput"]
     print(f"throughput with checkpoints every 1 s / off: {t['ratio_median']:.3f}x "
           f"(range {t['ratio_min']:.3f}-{t['ratio_max']:.3f}, {t['repeats']} pairs)")

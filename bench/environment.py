@@ -80,10 +80,14 @@ def record() -> dict[str, Any]:
 
 def command_line(module: str) -> str:
     """How this benchmark was started, as a user would type it: ``python -m bench NAME``
-    when ``python -m bench`` ran it, else ``python -m bench.NAME`` and its arguments."""
-    if Path(sys.argv[0]).name == "__main__.py" and Path(sys.argv[0]).parent.name == "bench":
+    when ``python -m bench`` ran it, ``python -m bench.NAME`` and its arguments when it ran
+    as a module; called from other Python code (a test), its arguments are not known."""
+    started = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
+    if started.name == "__main__.py" and started.parent.name == "bench":
         return f"python -m bench {module}"
-    return " ".join(["python", "-m", f"bench.{module}", *map(shlex.quote, sys.argv[1:])])
+    if started.name == f"{module}.py" and started.parent.name == "bench":
+        return " ".join(["python", "-m", f"bench.{module}", *map(shlex.quote, sys.argv[1:])])
+    return f"bench.{module}.main() called from Python (its arguments not recorded)"
 
 
 def stamp(results: dict[str, Any], module: str) -> dict[str, Any]:

@@ -228,7 +228,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = ap.parse_args(argv or [])
     report = measure(args.tuples, args.repeats, args.scrape_interval)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(stamp(report, "metrics_overhead"), indent=2) + "\n")
+    report = stamp(report, "metrics_overhead")
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"metrics off {report['median_tuples_per_s_off']:.0f} tuples/s, on {report['median_tuples_per_s_on']:.0f}"
           f" tuples/s: ratio {report['ratio_on_over_off']:.3f} (best-of {report['ratio_best_of_runs']:.3f},"
           f" per CPU second {report['ratio_tuples_per_cpu_second']:.3f}; goal >= {GOAL}); scrape "

@@ -735,7 +735,8 @@ def main(argv: list[str] | None = None) -> None:
     partial = args.policies or args.variant or set(keys) != set(SCENARIOS)
     name = ("policy_comparison_quick.json" if args.quick
             else "policy_comparison_partial.json" if partial else "policy_comparison.json")
-    (out_dir / name).write_text(json.dumps(stamp(report, "policy_comparison"), indent=1) + "\n")
+    report = stamp(report, "policy_comparison")
+    (out_dir / name).write_text(json.dumps(report, indent=1) + "\n")
     print(table(report))
     print()
     print(goals(report))

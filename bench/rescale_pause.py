@@ -219,7 +219,8 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = "rescale_pause.json" if args.workers == 1 else "rescale_pause_workers.json"
-    (out / name).write_text(json.dumps(stamp(report, "rescale_pause"), indent=1) + "\n")
+    report = stamp(report, "rescale_pause")
+    (out / name).write_text(json.dumps(report, indent=1) + "\n")
     for c in cases:
         print(f"count {c['count_tps_per_task']:.0f}/s per task, sink {c['sink_tps']:.0f}/s: "
               f"{c['rescales']} rescales, pause median {c['median_ms']} ms, max {c['max_ms']} ms, "

@@ -117,7 +117,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                      "warmup_batches": WARMUP_BATCHES, "source": "rate, 1000 rows/s", "master": "local[2]"},
            "summary": summarize(runs), "runs": runs}
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(stamp(out, "spark_checkpoint_log"), indent=1))
+    out = stamp(out, "spark_checkpoint_log")
+    a.out.write_text(json.dumps(out, indent=1))
     print(table(out))
     return out
 

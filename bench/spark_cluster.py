@@ -143,7 +143,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "runs": runs,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "spark_cluster.json").write_text(json.dumps(stamp(out, "spark_cluster"), indent=1))
+    out = stamp(out, "spark_cluster")
+    (RESULTS / "spark_cluster.json").write_text(json.dumps(out, indent=1))
     print(table(out), flush=True)
     return out
 

@@ -626,7 +626,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "scenarios": out_scenarios,
     }
     a.out_dir.mkdir(parents=True, exist_ok=True)
-    (a.out_dir / "spark_rate_control.json").write_text(json.dumps(stamp(out, "spark_rate_control"), indent=1))
+    out = stamp(out, "spark_rate_control")
+    (a.out_dir / "spark_rate_control.json").write_text(json.dumps(out, indent=1))
     for scenario in scenarios:
         plot(scenario, {n: rs[0] for n, rs in runs[scenario].items() if rs}, out_scenarios[scenario]["summary"],
              a.out_dir / f"spark_rate_control_{scenario}.png")

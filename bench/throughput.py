@@ -176,7 +176,8 @@ def measure(n: int = N, repeats: int = REPEATS) -> dict[str, Any]:
 def main() -> None:
     out = measure()
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "throughput.json").write_text(json.dumps(stamp(out, "throughput"), indent=2) + "\n")
+    out = stamp(out, "throughput")
+    (RESULTS / "throughput.json").write_text(json.dumps(out, indent=2) + "\n")
     for k in ("baseline", "baseline_same_gc", "topo_acking_off", "topo_acking_on"):
         r = out[k]
         print(f"{k:18} {r['tuples_per_s']:>10,.0f} tuples/s  p50 {r['p50_latency_ms']:.2f} ms  "

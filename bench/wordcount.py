@@ -569,7 +569,8 @@ def main(argv: list[str] | None = None) -> None:
                   "ended": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                   "load_average_1min_start": load_start[0], "load_average_1min_end": os.getloadavg()[0]}
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "wordcount.json").write_text(json.dumps(stamp(out, "wordcount"), indent=2) + "\n")
+    out = stamp(out, "wordcount")
+    (RESULTS / "wordcount.json").write_text(json.dumps(out, indent=2) + "\n")
     for k, v in out["median_words_per_s"].items():
         print(f"{k:32s} {v:12,.0f} words/s")
     for k, r in out["ratios"].items():

@@ -89,6 +89,8 @@ def test_results_record_the_command_that_made_them(monkeypatch: pytest.MonkeyPat
     stamped = environment.stamp({"cases": [], "run": {"started": "then"}}, "rescale_pause")
     assert stamped["command"] == "python -m bench.rescale_pause --workers 2"
     assert stamped["run"]["started"] == "then" and stamped["run"]["ended"]
+    monkeypatch.setattr(sys, "argv", ["/somewhere/pytest", "-q"])     # a test calling main(): not its argv
+    assert environment.command_line("throughput") == "bench.throughput.main() called from Python (its arguments not recorded)"
 
 
 def test_the_environment_names_the_versions_figures_depend_on() -> None:

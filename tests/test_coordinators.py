@@ -382,7 +382,13 @@ def test_a_second_topo_run_of_one_name_on_zookeeper_is_one_line(zookeeper, tmp_p
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "topo.cli"]
     zookeeper.start()
     url = zookeeper.url("/topo-twice")
-    args = ["run", str(repo / "configs" / "wordcount.yaml"), "--quiet", "--zk", url]
+    # The example's input is bounded (2,000 passes): a first run could finish, and free its
+    # claim, before the second one starts. This one reads the sentences forever.
+    text = (repo / "configs" / "wordcount.yaml").read_text()
+    assert "repeat: 2000" in text
+    spec = tmp_path / "wordcount.yaml"
+    spec.write_text(text.replace("repeat: 2000", "repeat: 0"))
+    args = ["run", str(spec), "--quiet", "--zk", url]
     first = subprocess.Popen([*cmd, *args, "--duration", "60"], cwd=tmp_path, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     try:
