@@ -18,7 +18,7 @@ from bench import environment, report
 
 
 # Modules of this package that are not benchmarks.
-NOT_BENCHMARKS = {"environment", "report", "bytewax_wordcount"}
+NOT_BENCHMARKS = {"environment", "report", "variant_text", "bytewax_wordcount"}
 
 
 def main(argv: list[str]) -> int:

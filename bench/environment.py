@@ -62,12 +62,15 @@ def versions() -> dict[str, str | None]:
 
 
 def commit() -> str | None:
+    """The checkout the figures were measured on; in a tree exported from git (no
+    repository: a clean copy of one commit, others' edits left out), ``TOPO_BENCH_COMMIT``
+    names the commit it was exported from; None when neither says."""
     try:
         done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               cwd=Path(__file__).parent, timeout=10, check=True)
         return done.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
-        return None
+        return os.environ.get("TOPO_BENCH_COMMIT") or None
 
 
 def record() -> dict[str, Any]:

@@ -92,6 +92,7 @@ from typing import Any, Callable
 import uvloop
 
 from bench.environment import stamp
+from bench.variant_text import split_variant
 from runtime.local.engine import LocalEngine
 from topo.api import Bolt, Spout, Tuple
 from topo.config import ConfigError, resolve
@@ -347,11 +348,7 @@ def parse_variant(text: str, variants: dict[str, dict[str, Any]]) -> tuple[str, 
 
     ``NAME`` is ``<policy>+<word>`` (the policy is ``BASE``'s), new; every setting is checked by the
     config's own parser, so a mistake is one line naming the key and the value."""
-    name, sep, rest = text.partition("=")
-    name = name.strip()
-    if not sep or not rest.strip():
-        raise ValueError(f"--variant {text!r}: expected NAME=BASE[,KEY=VALUE...]")
-    base, *pairs = [x.strip() for x in rest.split(",")]
+    name, base, written = split_variant(text)
     if base not in POLICIES and base not in variants:
         raise ValueError(f"--variant {text!r}: unknown base {base!r} (known: {', '.join(POLICIES + tuple(variants))})")
     policy = base.split("+")[0]
@@ -359,12 +356,7 @@ def parse_variant(text: str, variants: dict[str, dict[str, Any]]) -> tuple[str, 
         raise ValueError(f"--variant {text!r}: the name must be {policy}+<word>, as its base runs {policy}")
     if name in variants or name in POLICIES:
         raise ValueError(f"--variant {text!r}: {name!r} is already a policy or variant")
-    settings = dict(variants.get(base, {}))
-    for pair in pairs:
-        key, eq, value = (x.strip() for x in pair.partition("="))
-        if not eq or not key:
-            raise ValueError(f"--variant {text!r}: expected KEY=VALUE, got {pair!r}")
-        settings[key] = value
+    settings = dict(variants.get(base, {})) | written
     try:
         checked = resolve({**BASE, "backpressure.policy": policy, **settings})
     except ConfigError as e:

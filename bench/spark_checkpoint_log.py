@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from runtime.spark.checkpoint_log import use_manager
+from bench import environment
 from bench.environment import stamp
 
 SETTINGS = ("spark", "filesystem")
@@ -95,11 +96,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    from bench.spark_rate_control import _commit
     from runtime.spark.session import get_session
 
     a = parse_args(argv)
-    commit, load_start = _commit(), os.getloadavg()
+    commit, load_start = environment.commit(), os.getloadavg()
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
     spark = get_session("local[2]", shuffle_partitions=2, app_name="topo-bench-checkpoint-log")
     timeout = 30 + 4 * (a.batches + WARMUP_BATCHES) * a.trigger_ms / 1000

@@ -75,7 +75,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from bench import environment
 from bench.environment import stamp
+from bench.variant_text import split_variant
 from topo.api import Bolt, Tuple
 from topo.config import ConfigError, resolve
 from topo.sources import Bursty, SyntheticSpout
@@ -142,22 +144,13 @@ def parse_variant(text: str, known: Sequence[str] = ()) -> tuple[str, str, dict[
     the others (for example ``doc001+s1=doc001,spark.smooth_batches=1``). ``NAME`` is
     ``<base>+<word>``; every setting is checked by the config's own parser, so a mistake is
     one line naming the key and the value. Returns (name, base, the checked settings)."""
-    name, sep, rest = (x.strip() for x in text.partition("="))
-    if not sep or not rest:
-        raise ValueError(f"--variant {text!r}: expected NAME=BASE,KEY=VALUE...")
-    base, *pairs = [x.strip() for x in rest.split(",")]
+    name, base, settings = split_variant(text)
     if base not in CONTROLLERS:
         raise ValueError(f"--variant {text!r}: unknown base {base!r} (known: {', '.join(CONTROLLERS)})")
     if not name.startswith(base + "+") or len(name) == len(base) + 1:
         raise ValueError(f"--variant {text!r}: the name must be {base}+<word>, as it runs {base}")
     if name in known:
         raise ValueError(f"--variant {text!r}: {name!r} is named twice")
-    settings: dict[str, str] = {}
-    for pair in pairs:
-        key, eq, value = (x.strip() for x in pair.partition("="))
-        if not eq or not key:
-            raise ValueError(f"--variant {text!r}: expected KEY=VALUE, got {pair!r}")
-        settings[key] = value
     if not settings:
         raise ValueError(f"--variant {text!r}: no setting (it would run {base} again)")
     try:
@@ -542,7 +535,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     began = time.time()
     load_start = os.getloadavg()
-    commit = _commit()   # the code measured: read now, others may commit while it runs
+    commit = environment.commit()   # the code measured: read now, others may commit while it runs
     names, scenarios = a.controllers.split(",") + list(a.variants), a.scenarios.split(",")
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {s: {n: [] for n in names} for s in scenarios}
     pairs = [(s, n) for s in scenarios for n in names]
@@ -633,19 +626,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
              a.out_dir / f"spark_rate_control_{scenario}.png")
     print(table(out), flush=True)
     return out
-
-
-def _commit() -> str | None:
-    """The checkout the figures were measured on; in a tree exported from git (no
-    repository: a clean copy of one commit, others' edits left out), ``TOPO_BENCH_COMMIT``
-    names the commit it was exported from; None when neither says."""
-    import subprocess
-
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, timeout=10, check=True).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return os.environ.get("TOPO_BENCH_COMMIT") or None
 
 
 def table(out: dict[str, Any]) -> str:

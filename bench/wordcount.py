@@ -78,6 +78,7 @@ from topo.examples.wordcount import (DEFAULT_SENTENCES, BatchFinalCountBolt, Bat
 from topo.api import run_tuples
 from topo.groupings import fields_task_index
 from topo.topology import TopologyBuilder
+from bench import environment
 from bench.environment import stamp
 from runtime.local.engine import LocalEngine
 
@@ -533,14 +534,6 @@ def widest_from_median(runs: dict[str, list[float]]) -> dict[str, float]:
     return out
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main(argv: list[str] | None = None) -> None:
     args = list(argv or [])
     quick = "--quick" in args
@@ -565,7 +558,7 @@ def main(argv: list[str] | None = None) -> None:
     out["workers"] = (measure_workers(60_000, 1, modes, inputs) if quick
                       else measure_workers(rounds=rounds, modes=modes, inputs=inputs))
     out["workers"]["spread"] = widest_from_median(out["workers"]["seconds"])
-    out["run"] = {"commit": _commit(), "started": started,
+    out["run"] = {"commit": environment.commit() or "unknown", "started": started,
                   "ended": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                   "load_average_1min_start": load_start[0], "load_average_1min_end": os.getloadavg()[0]}
     RESULTS.mkdir(exist_ok=True)
