@@ -394,6 +394,34 @@ def test_late_start_rate_takes_the_rows_of_the_lost_time_off_the_cap():
     assert late_start_rate(50_000.0, 100_000.0, -0.02, 1.0) == 50_000
     assert late_start_rate(50_000.0, None, 0.2, 1.0) == 50_000
     assert late_start_rate(None, 100_000.0, 0.2, 1.0) is None
+    # spark.late_floor sets the share a cut keeps: 1 never cuts
+    assert late_start_rate(50_000.0, 100_000.0, 0.4, 1.0, 0.2) == pytest.approx(10_000)
+    assert late_start_rate(50_000.0, 100_000.0, 0.2, 1.0, 1.0) == 50_000
+
+
+@pytest.mark.parametrize("floor", [0.0, -0.5, 1.01])
+def test_a_late_floor_outside_zero_to_one_is_refused(floor):
+    with pytest.raises(ValueError, match="late_floor"):
+        AdaptiveRateController(1.0, 2, late_floor=floor)
+
+
+def test_a_late_batch_ran_with_the_cap_cut_at_the_controllers_own_floor():
+    # the same late batch (0.2 s late, 30,000 rows in 0.9 s) read by two controllers: with
+    # the default floor the reader cut the 50,000 cap to 30,000, which the batch filled
+    # (formula 5 sets the cap); with floor 1 the reader never cuts, so the batch ran under
+    # the whole 50,000 cap, took less than 90% of it, and the cap holds
+    caps = {}
+    for floor in (0.5, 1.0):
+        c = AdaptiveRateController(1.0, 2, smooth_batches=1, headroom=0.0, initial_rate_per_partition=500,
+                                   min_rate=10, late_floor=floor)
+        t = fixed_cost_batches(c, [20_000, 40_000, 60_000])
+        cap = c.on_submit(t)                               # 50,000; marginal 100,000
+        assert late_start_rate(cap, c.marginal_rate(), 0.2, 1.0, c.late_floor) == pytest.approx(50_000 if floor == 1.0 else 30_000)
+        run_batch(c, t + 0.2, 0.9, 30_000, wait=0.2)
+        caps[floor] = c.on_submit(t + 2.0)
+    fill = 30_000 / 0.5 * 0.6
+    assert caps[0.5] == pytest.approx(fill - 0.2 * 0.2 * fill)
+    assert caps[1.0] == pytest.approx(50_000)
 
 
 def test_marginal_rate_is_the_latest_batch_beyond_its_fixed_cost():

@@ -124,6 +124,16 @@ def test_a_cap_read_after_its_boundary_is_cut_by_the_published_marginal_rate(tmp
     assert read_rate(str(tmp_path), "s", now=10.2, interval=1.0) == (True, 50_000.0)
 
 
+def test_the_reader_keeps_the_share_of_the_cap_the_driver_published(tmp_path):
+    # 0.4 s late at 100,000 rows/s takes 40,000 off a 50,000 cap: the default floor keeps half
+    write_rate(str(tmp_path), "s", 50_000.0, 10.0, marginal=100_000.0)
+    assert read_rate(str(tmp_path), "s", now=10.4, interval=1.0) == (True, pytest.approx(25_000))
+    write_rate(str(tmp_path), "s", 50_000.0, 10.0, marginal=100_000.0, floor=0.8)
+    assert read_rate(str(tmp_path), "s", now=10.4, interval=1.0) == (True, pytest.approx(40_000))
+    write_rate(str(tmp_path), "s", 50_000.0, 10.0, marginal=100_000.0, floor=1.0)    # never cut
+    assert read_rate(str(tmp_path), "s", now=10.4, interval=1.0) == (True, 50_000.0)
+
+
 # -- admission control and the reader ---------------------------------------------------------------
 
 def test_admit_caps_per_partition_and_respects_latest_and_bound():
@@ -567,3 +577,17 @@ def test_spark_smooth_batches_reaches_doc001_and_defaults_to_three(tmp_path):
     for layer, want in (({}, 3), ({"spark.smooth_batches": 1}, 1)):
         _, _, feedback = engine._rate_control(topo, resolve(layer), 1.0, 2, str(tmp_path))
         assert feedback.sources["s"].controller.smooth_batches == want
+    # spark.headroom and spark.late_floor reach it too (defaults 0.05 and 0.5)
+    for layer, target, floor in (({}, 0.95, 0.5), ({"spark.headroom": 0.0, "spark.late_floor": 1.0}, 1.0, 1.0)):
+        _, _, feedback = engine._rate_control(topo, resolve(layer), 1.0, 2, str(tmp_path))
+        controller = feedback.sources["s"].controller
+        assert (controller.target, controller.late_floor) == (pytest.approx(target), floor)
+
+
+@pytest.mark.parametrize("key,value", [("spark.headroom", 0.5), ("spark.headroom", -0.01),
+                                       ("spark.late_floor", 0.0), ("spark.late_floor", 1.5)])
+def test_doc001_settings_out_of_range_are_one_line_errors(key, value):
+    from topo.config import ConfigError, resolve
+    with pytest.raises(ConfigError) as err:
+        resolve({key: value})
+    assert key in str(err.value) and "\n" not in str(err.value)

@@ -187,6 +187,10 @@ def _fraction(v: Any) -> str | None:
     return None if 0 < v < 1 else "must be between 0 and 1 (exclusive)"
 
 
+def _headroom(v: Any) -> str | None:
+    return None if 0 <= v < 0.5 else "must be at least 0 and under 0.5"
+
+
 def _slow_start(v: Any) -> str | None:
     return None if 50 < v < 1000 else "must be between 50 and 1000 (exclusive), document 001's slow start"
 
@@ -298,6 +302,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("spark.min_rate", 100.0, _float, "the controllers never cap a source below this many records/s", check=_between(0, MAX_RATE)),
     Setting("spark.smooth_batches", 3, _int, "doc001 reads the processing rate over this many of the last finished batches (1: the latest alone, the document's reading)",
             check=_between(1, 3)),
+    Setting("spark.headroom", 0.05, _float, "doc001 aims each batch this share of the interval under it (0: the whole interval, the document's aim)",
+            check=_headroom),
+    Setting("spark.late_floor", 0.5, _float, "doc001: a batch that starts late keeps at least this share of its cap when the reader cuts it (1: never cut)",
+            check=_between(0, 1, above=True)),
     Setting("spark.max_rate_per_partition", None, _float, "fixed cap in records/s per source partition (rate_control fixed)",
             nullable=True, check=_between(0, MAX_RATE, above=True)),
     Setting("spark.max_rows_per_batch", None, _int, "hard limit on rows per micro-batch per source; null for none",

@@ -239,14 +239,15 @@ def per_partition_cap(rate: float | None, t_interval: float, partitions: int) ->
 
 
 def late_start_rate(rate: float | None, marginal: float | None, lateness: float,
-                    t_interval: float) -> float | None:
+                    t_interval: float, floor: float = LATE_FLOOR) -> float | None:
     """The cap of a batch that starts ``lateness`` seconds after its boundary: the rows
     ``marginal`` would process in that time (per second of interval) come off, so the
-    batch ends by the next boundary as an on-time batch would; at least ``LATE_FLOOR`` of
-    the cap. No cap, no marginal rate or no lateness: the cap unchanged."""
+    batch ends by the next boundary as an on-time batch would; at least ``floor`` of the
+    cap (``spark.late_floor``; 1 never cuts). No cap, no marginal rate or no lateness: the
+    cap unchanged."""
     if rate is None or marginal is None or lateness <= 0:
         return rate
-    return max(rate - marginal * lateness / t_interval, LATE_FLOOR * rate)
+    return max(rate - marginal * lateness / t_interval, floor * rate)
 
 
 def _check_common(t_interval: float, partitions: int, min_rate: float) -> None:
@@ -266,7 +267,8 @@ class AdaptiveRateController:
     def __init__(self, t_interval: float, partitions: int, *,
                  initial_rate_per_partition: float = 500.0, min_rate: float = SPARK_MIN_RATE,
                  kp: float = KP, ki: float = KI, kd: float = KD, k_block: float = K_BLOCK,
-                 headroom: float = HEADROOM, smooth_batches: int = SMOOTH_BATCHES) -> None:
+                 headroom: float = HEADROOM, smooth_batches: int = SMOOTH_BATCHES,
+                 late_floor: float = LATE_FLOOR) -> None:
         _check_common(t_interval, partitions, min_rate)
         if not 50 < initial_rate_per_partition < 1000:
             raise ValueError("slow start needs 50 < n < 1000 records per partition per second")
@@ -274,7 +276,10 @@ class AdaptiveRateController:
             raise ValueError(f"headroom must be in [0, 0.5), got {headroom}")
         if smooth_batches not in (1, 2, 3):
             raise ValueError(f"smooth_batches must be 1, 2 or 3 (formula 8's window), got {smooth_batches}")
+        if not 0 < late_floor <= 1:
+            raise ValueError(f"late_floor must be in (0, 1] (1: late batches are never cut), got {late_floor}")
         self.smooth_batches = smooth_batches
+        self.late_floor = late_floor
         self.t_interval = t_interval
         self.target = (1.0 - headroom) * t_interval
         self.partitions = partitions
@@ -317,7 +322,7 @@ class AdaptiveRateController:
         tolerance = 0.05 * self.t_interval
         for when, cap, marginal in reversed(self._submissions):
             if when <= info.start + tolerance:
-                late = late_start_rate(cap, marginal, info.waiting_time, self.t_interval)
+                late = late_start_rate(cap, marginal, info.waiting_time, self.t_interval, self.late_floor)
                 return cap if late is None else late
         return self.initial_rate
 
@@ -537,11 +542,14 @@ CONTROLLERS = ("doc001", "pid", "fixed", "none")
 def make_controller(kind: str, t_interval: float, partitions: int, *,
                     initial_rate_per_partition: float = 500.0, min_rate: float = SPARK_MIN_RATE,
                     fixed_rate_per_partition: float | None = None,
-                    smooth_batches: int = SMOOTH_BATCHES) -> RateController:
-    """The controller named by ``spark.rate_control``."""
+                    smooth_batches: int = SMOOTH_BATCHES, headroom: float = HEADROOM,
+                    late_floor: float = LATE_FLOOR) -> RateController:
+    """The controller named by ``spark.rate_control`` (``smooth_batches``, ``headroom`` and
+    ``late_floor`` are doc001's)."""
     if kind == "doc001":
         return AdaptiveRateController(t_interval, partitions, initial_rate_per_partition=initial_rate_per_partition,
-                                      min_rate=min_rate, smooth_batches=smooth_batches)
+                                      min_rate=min_rate, smooth_batches=smooth_batches, headroom=headroom,
+                                      late_floor=late_floor)
     if kind == "pid":
         return DStreamPIDController(t_interval, partitions, initial_rate_per_partition=initial_rate_per_partition,
                                     min_rate=min_rate)

@@ -39,7 +39,7 @@ from typing import Any, Iterator, Mapping
 
 import msgpack
 
-from backpressure.policy.rate_control import late_start_rate, per_partition_cap
+from backpressure.policy.rate_control import LATE_FLOOR, late_start_rate, per_partition_cap
 from runtime.spark.bolts import enter_workdir
 from runtime.spark.presharding import preshard
 from topo.sources.base import OffsetSource
@@ -90,12 +90,13 @@ def start_path(state_dir: str, component: str) -> Path:
 
 
 def write_rate(state_dir: str, component: str, rate: float | None, submit_time: float,
-               marginal: float | None = None) -> None:
+               marginal: float | None = None, floor: float = LATE_FLOOR) -> None:
     """The driver publishes the cap (records/s for the whole source) for the batch due at
     ``submit_time``, and the controller's marginal rate for cutting it if that batch
-    starts late (``None``: never cut)."""
+    starts late (``None``: never cut) with the share of the cap a cut keeps (``floor``,
+    ``spark.late_floor``)."""
     _atomic_write(rate_path(state_dir, component),
-                  {"rate": rate, "submit": submit_time, "marginal": marginal, "t": time.time()})
+                  {"rate": rate, "submit": submit_time, "marginal": marginal, "floor": floor, "t": time.time()})
 
 
 def read_rate(state_dir: str, component: str, now: float | None = None,
@@ -111,7 +112,8 @@ def read_rate(state_dir: str, component: str, now: float | None = None,
     marginal = got.get("marginal")
     if now is not None and rate is not None and marginal is not None:
         lateness = now - float(got.get("submit", now))
-        rate = late_start_rate(rate, float(marginal), lateness, interval)
+        floor = float(got.get("floor", LATE_FLOOR))
+        rate = late_start_rate(rate, float(marginal), lateness, interval, min(1.0, max(floor, 0.0)))
     return True, rate
 
 

@@ -294,7 +294,8 @@ def _rate_control(topology: Topology, cfg: Mapping[str, Any], interval_s: float,
                                      initial_rate_per_partition=cfg["spark.initial_rate"],
                                      min_rate=cfg["spark.min_rate"],
                                      fixed_rate_per_partition=cfg["spark.max_rate_per_partition"],
-                                     smooth_batches=cfg["spark.smooth_batches"])
+                                     smooth_batches=cfg["spark.smooth_batches"],
+                                     headroom=cfg["spark.headroom"], late_floor=cfg["spark.late_floor"])
         sc = SourceControl(spec.id, controller, bound)
         sc.done = bound is not None and sum(bound.values()) == 0
         controls[spec.id] = sc

@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any, Callable, Mapping
 
-from backpressure.policy.rate_control import BatchInfo, RateController
+from backpressure.policy.rate_control import LATE_FLOOR, BatchInfo, RateController
 from runtime.observe.spark_stats import SparkStats
 from runtime.spark.datasource import read_start, write_rate
 
@@ -167,7 +167,8 @@ class RateFeedback:
                 rate = sc.controller.on_submit(submit_time)
                 sc.caps.append((submit_time, rate, getattr(sc.controller, "last_case", None)))
                 del sc.caps[:-1000]
-                write_rate(self.state_dir, sc.component, rate, submit_time, sc.controller.marginal_rate())
+                write_rate(self.state_dir, sc.component, rate, submit_time, sc.controller.marginal_rate(),
+                           getattr(sc.controller, "late_floor", LATE_FLOOR))
                 out[sc.component] = rate
                 stat = self.stats.get(sc.component)
                 if stat is not None:
