@@ -415,6 +415,7 @@ def read_topo_counts(out: str) -> dict[str, int]:
     return merge_counts((r["word"], r["count"]) for r in rows)
 
 
+WORKER_VARIANTS = ("per_tuple", "batch")
 WORKER_MODES = {"off": ["acking=false"], "on": ["acking=true"],
                 "on_batch_granularity": ["acking=true", "acking.granularity=batch"]}
 
@@ -429,7 +430,8 @@ def _bytewax_installed() -> bool:
 
 def measure_workers(sentences: int = WORKER_SENTENCES, rounds: int = WORKER_ROUNDS,
                     modes: Sequence[str] = tuple(WORKER_MODES),
-                    inputs: Sequence[str] = DEFAULT_WORKER_INPUTS) -> dict[str, Any]:
+                    inputs: Sequence[str] = DEFAULT_WORKER_INPUTS,
+                    variants: Sequence[str] = WORKER_VARIANTS) -> dict[str, Any]:
     """Wall seconds of ``topo run --workers N`` per (input, variant, acking mode, N) and of
     the same word count in Bytewax at 1 and 2 processes (``-p 1``, ``-p 2`` and ``-w 2``;
     final counts checked), medians, speed-ups and topo against Bytewax at the same number
@@ -451,6 +453,8 @@ def measure_workers(sentences: int = WORKER_SENTENCES, rounds: int = WORKER_ROUN
             path, sents = made[source]
             prefix = "" if source == "example" else f"{source}_"
             for v, wanted in (("per_tuple", sentences), ("batch", sentences * BATCH_INPUT_FACTOR)):
+                if v not in variants:
+                    continue
                 total = wanted // len(sents) * len(sents)
                 totals[f"{prefix}{v}"] = total
                 spec = Path(d) / f"{prefix}{v}.yaml"
@@ -534,19 +538,27 @@ def widest_from_median(runs: dict[str, list[float]]) -> dict[str, float]:
     return out
 
 
+def _list_option(args: list[str], flag: str, known: list[str], default: list[str]) -> list[str]:
+    """The comma-separated value of ``flag`` in ``args`` (``default`` without it); a name
+    not in ``known``, or the flag with no value, is a one-line error."""
+    if flag not in args:
+        return default
+    i = args.index(flag)
+    given = args[i + 1].split(",") if i + 1 < len(args) else []
+    unknown = [m for m in given if m not in known]
+    if not given or unknown:
+        raise SystemExit(f"{flag}: unknown {unknown or 'nothing given'} (known: {', '.join(known)})")
+    return given
+
+
 def main(argv: list[str] | None = None) -> None:
     args = list(argv or [])
     quick = "--quick" in args
     # --worker-modes off,on_batch_granularity: a shorter run (acking on at tuple granularity
     # is the slowest pair of cells, and one process measures what it costs)
-    modes = (args[args.index("--worker-modes") + 1].split(",") if "--worker-modes" in args else list(WORKER_MODES))
-    unknown = [m for m in modes if m not in WORKER_MODES]
-    if unknown:
-        raise SystemExit(f"--worker-modes: unknown {unknown} (known: {', '.join(WORKER_MODES)})")
-    inputs = (args[args.index("--worker-inputs") + 1].split(",") if "--worker-inputs" in args else list(DEFAULT_WORKER_INPUTS))
-    unknown = [m for m in inputs if m not in WORKER_INPUTS]
-    if unknown:
-        raise SystemExit(f"--worker-inputs: unknown {unknown} (known: {', '.join(WORKER_INPUTS)})")
+    modes = _list_option(args, "--worker-modes", list(WORKER_MODES), list(WORKER_MODES))
+    inputs = _list_option(args, "--worker-inputs", list(WORKER_INPUTS), list(DEFAULT_WORKER_INPUTS))
+    variants = _list_option(args, "--worker-variants", list(WORKER_VARIANTS), list(WORKER_VARIANTS))
     given = args[args.index("--worker-rounds") + 1] if "--worker-rounds" in args else str(WORKER_ROUNDS)
     if not given.isdigit() or int(given) < 1:
         raise SystemExit(f"--worker-rounds: a whole number >= 1, got {given!r}")
@@ -555,8 +567,8 @@ def main(argv: list[str] | None = None) -> None:
     load_start = os.getloadavg()
     out = measure(n=50_000, repeats=2) if quick else measure()
     out["spread"] = widest_from_median(out["words_per_s"])
-    out["workers"] = (measure_workers(60_000, 1, modes, inputs) if quick
-                      else measure_workers(rounds=rounds, modes=modes, inputs=inputs))
+    out["workers"] = (measure_workers(60_000, 1, modes, inputs, variants) if quick
+                      else measure_workers(rounds=rounds, modes=modes, inputs=inputs, variants=variants))
     out["workers"]["spread"] = widest_from_median(out["workers"]["seconds"])
     out["run"] = {"commit": environment.commit() or "unknown", "started": started,
                   "ended": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),

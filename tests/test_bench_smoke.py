@@ -68,3 +68,23 @@ def test_the_workers_bench_checks_topo_counts_written_by_two_workers(tmp_path: P
         wordcount._timed_run(cmd, str(tmp_path / "out"), env, truth, wordcount.read_topo_counts)
     with pytest.raises(AssertionError, match="wrong counts"):
         wordcount._timed_run(cmd, str(tmp_path / "out"), env, truth + Counter({"extra": 1}), wordcount.read_topo_counts)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--worker-variants", "tuples"], "--worker-variants: unknown ['tuples'] (known: per_tuple, batch)"),
+    (["--worker-modes", "off,sometimes"], "--worker-modes: unknown ['sometimes']"),
+    (["--worker-inputs"], "--worker-inputs: unknown nothing given"),
+    (["--worker-rounds", "0"], "--worker-rounds: a whole number >= 1, got '0'"),
+])
+def test_the_wordcount_bench_refuses_a_bad_option_in_one_line(argv: list[str], message: str) -> None:
+    with pytest.raises(SystemExit) as exc:
+        wordcount.main(argv)
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_the_workers_bench_runs_only_the_variants_asked_for(tmp_path: Path) -> None:
+    got = wordcount.measure_workers(2_000, 1, ["off"], ["example"], ["per_tuple"])
+    assert set(got["sentences"]) == {"per_tuple"}
+    assert {k for k in got["seconds"] if not k.startswith("bytewax")} == {
+        "per_tuple_acking_off_workers_1", "per_tuple_acking_off_workers_2"}
+    assert not any("batch" in k for k in got["seconds"])
