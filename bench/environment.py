@@ -74,9 +74,11 @@ def commit() -> str | None:
 
 
 def record() -> dict[str, Any]:
-    """This machine and the versions installed now, with the time and the commit."""
+    """This machine and the versions installed now, with the time, the commit and the load
+    average then (what else the machine was running: the tables' spread depends on it)."""
     return {"recorded_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
             "commit": commit(), "cpu": cpu_model(), "cores": os.cpu_count(),
+            "load_average_1min": round(os.getloadavg()[0], 2),
             "os": f"{platform.system()} {platform.release()}", "machine": platform.machine(),
             "versions": versions()}
 

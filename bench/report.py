@@ -194,8 +194,10 @@ def environment(results: Path) -> str:
     if env is None:
         return "Machine and versions: not recorded (`python -m bench` records them in `bench/results/environment.json`)."
     v = env.get("versions", {})
+    load = env.get("load_average_1min")
+    load_text = "load not recorded" if load is None else f"load average (1 min) {load:.2f} then"
     lines = [f"Machine: {env.get('cpu') or 'CPU not recorded'}, {env.get('cores')} cores, {env.get('os')} "
-             f"({env.get('machine')}), shared with other work. Recorded {env.get('recorded_utc')} UTC at commit "
+             f"({env.get('machine')}). Recorded {env.get('recorded_utc')} UTC ({load_text}) at commit "
              f"{env.get('commit')}, by `python -m bench`: each table below says when its own run was.", "",
              "| component | version |", "|---|---|"]
     lines += [f"| {k} | {'not installed' if val is None else val} |" for k, val in v.items()]

@@ -97,3 +97,12 @@ def test_the_environment_names_the_versions_figures_depend_on() -> None:
     env = environment.record()
     assert env["cores"] and env["versions"]["python"]
     assert {"uvloop", "msgpack", "kazoo", "pyspark", "bytewax"} <= set(env["versions"])
+
+
+def test_the_machine_line_gives_the_load_recorded_not_a_fixed_phrase(tmp_path: Path) -> None:
+    env = environment.record()
+    assert isinstance(env["load_average_1min"], float)
+    (tmp_path / "environment.json").write_text(json.dumps(env | {"load_average_1min": 1.234}))
+    assert "load average (1 min) 1.23 then" in report.environment(tmp_path)
+    (tmp_path / "environment.json").write_text(json.dumps({k: v for k, v in env.items() if k != "load_average_1min"}))
+    assert "load not recorded" in report.environment(tmp_path)
