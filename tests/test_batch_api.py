@@ -207,3 +207,12 @@ def test_fields_routing_of_a_whole_list_is_the_per_tuple_rule_for_every_key_type
     assert list(router.select_many(values_list)) == want      # the second reads it
     assert [router.select(v) for v in values_list] == want
     assert len(set(want)) == 5
+    # The same rows given as columns: read from the key's column, the same targets.
+    from topo.api import Columns
+    fresh = FieldsGrouping("k").router([7, 8, 9, 10, 11], FieldIndex.of(["k", "v"]), rng=random.Random(0))
+    columns = Columns([v[0] for v in values_list], [v[1] for v in values_list])
+    assert list(fresh.select_many(columns)) == want            # not all strings: one by one
+    words = Columns([v[0] for v in values_list[:300]], [v[1] for v in values_list[:300]])
+    assert list(fresh.select_many(words)) == want[:300]        # strings, remembered: from the column
+    by_key = FieldsGrouping("v").router([7, 8], FieldIndex.of(["k", "v"]), rng=random.Random(0))
+    assert list(by_key.select_many(columns)) == [fields_task_index([v[1]], 2) for v in values_list]

@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import msgpack
 
-from topo.api import FieldIndex
+from topo.api import Columns, FieldIndex
 
 
 class LoadView(Protocol):
@@ -198,9 +198,11 @@ def _memo_select(p: int, n: int) -> tuple[Callable[[Sequence[Any]], int],
     key_of = itemgetter(p)
 
     def select_many(values_list: Sequence[Sequence[Any]]) -> Iterable[int]:
-        """All from the memo by C-level maps; one call per values when a key is new or no string."""
+        """All from the memo by C-level maps (``Columns``: straight from the key's column, no
+        row made); one call per values when a key is new or no string."""
+        keys = values_list.columns[p] if type(values_list) is Columns else map(key_of, values_list)
         try:
-            return list(map(memo.__getitem__, map(key_of, values_list)))
+            return list(map(memo.__getitem__, keys))
         except (KeyError, TypeError):
             return list(map(select, values_list))
 
