@@ -80,6 +80,26 @@ def test_ack_batch_of_several_groups_counts_each_group_and_acks_the_one_it_compl
     assert seen == [(9, True, ""), (8, True, "")] and not acker.ledger
 
 
+def test_ack_batch_counts_a_group_split_into_stretches_once_and_mixes_in_own_edges_and_untracked() -> None:
+    """A batch whose groups interleave (two senders' batches) and carry tuples of their own
+    edges and untracked ones: every group counted once in all, acked when its count ends."""
+    seen, owner = _outcomes()
+    acker = Acker(30.0)
+    g1, g2 = new_group(), new_group()
+    g1[0], g1[1] = 0, 3
+    g2[0], g2[1] = 0, 3
+    own1, own2 = [0], [0]
+    for root, edge in ((1, 0x11), (2, 0x22), (3, 0x33), (4, 0x44)):
+        acker.open(root, edge, owner, 0.0)
+    a1, a2 = {1: 0x11}, {2: 0x22}
+    acker.ack_batch([_tup(a1, g1), _tup(a2, g2), _tup(a1, g1), _tup({3: 0x33}, own1), _tup({4: 0x44}, own2),
+                     _tup(None, None), _tup(None, None), _tup(a2, g2)])
+    assert sorted(seen) == [(3, True, ""), (4, True, "")]          # own edges at once; g1 2 of 3, g2 2 of 3
+    assert (g1[1], g2[1]) == (1, 1) and acker.ledger[1][0] == 0x11 and acker.ledger[2][0] == 0x22
+    acker.ack_batch([_tup(a2, g2), _tup(a1, g1)])
+    assert sorted(seen) == [(1, True, ""), (2, True, ""), (3, True, ""), (4, True, "")] and not acker.ledger
+
+
 def test_ack_group_compares_by_identity() -> None:
     """(``ack_batch`` and ``emit_many`` find one group's tuples with ``list.count``.)"""
     a, b = new_group(), new_group()

@@ -25,8 +25,8 @@ two kinds of edge mix in one tree.
 """
 from __future__ import annotations
 
-from collections import Counter
-from operator import attrgetter
+from itertools import compress, count
+from operator import attrgetter, is_not
 from typing import Callable, Sequence
 
 from topo.api import Tuple, TupleBatch, run_tuples
@@ -129,26 +129,34 @@ class Acker:
             return self._ack_runs(tuples)
         first = tuples[0].ackcell
         if first is not None and len(first) == 2:
+            # One count and at most one ledger update per stretch of tuples that share a
+            # cell, the stretches found by C-level identity maps (past the first cell that
+            # differs, ``list.count`` would call ``AckGroup.__eq__`` for every tuple of another
+            # group). A group split over several stretches is counted down by each and
+            # completes at its last.
             cells = list(map(_cell, tuples))
-            if cells.count(first) == len(cells):     # (a group equals only itself: see AckGroup)
+            if cells[-1] is first and cells.count(first) == len(cells):     # all of one group
                 left = first[1] - len(cells)
                 first[1] = left
                 if not left:
                     self.ack(tuples[0].anchors, first[0])  # type: ignore[arg-type]
                 return
-            if all_in_groups(cells):
-                # Every tuple in a group, several groups (a batch that spans two spout
-                # batches' groups): one count and at most one ledger update per group, by
-                # C-level maps (each group's last tuple gives its anchors).
-                last = dict(zip(map(id, cells), range(len(cells))))
-                for key, n in Counter(map(id, cells)).items():
-                    i = last[key]
-                    cell = cells[i]
-                    left = cell[1] - n
+            starts = [0, *compress(count(1), map(is_not, cells[1:], cells))]
+            ack_tuple = self.ack_tuple
+            for a, b in zip(starts, [*starts[1:], len(cells)]):
+                cell = cells[a]
+                if cell is None:
+                    continue
+                if len(cell) == 2:
+                    left = cell[1] - (b - a)
                     cell[1] = left
                     if not left:
-                        self.ack(tuples[i].anchors, cell[0])  # type: ignore[arg-type]
-                return
+                        self.ack(tuples[a].anchors, cell[0])  # type: ignore[arg-type]
+                else:                # (cells of the tuples' own edges)
+                    for tup in tuples[a:b]:
+                        if tup.anchors:
+                            ack_tuple(tup.anchors, tup.ackcell)
+            return
         ack_tuple = self.ack_tuple
         for tup in tuples:
             anchors = tup.anchors
