@@ -36,7 +36,9 @@ a run), spout x2 (``local_or_shuffle``
 to the split, so sentences stay in their worker), split x2, count x2 (fields), per-tuple
 (``SplitBolt`` -> ``FinalCountBolt``) and batch variants, acking off, on, and on with
 ``acking.granularity: batch``, ``WORKER_ROUNDS`` (``--worker-rounds``) interleaved rounds, medians (and each speed-up also as the median
-of the rounds' own ratios, ``speedup_2_vs_1_paired``), with bytecode
+of the rounds' own ratios, ``speedup_2_vs_1_paired``, and over the quiet runs alone,
+``quiet``: a two-core ``machine_speed`` reading is taken before and after every run, and a
+run whose slower reading lies over ``QUIET_FACTOR`` times the median reading is left out there), with bytecode
 caching on (``PYTHONDONTWRITEBYTECODE`` dropped from the command's environment). Both counts
 emit their finals at the end of the input (one end-of-input round across workers), as
 Bytewax's ``count_final`` does,
@@ -438,6 +440,7 @@ def measure_workers(sentences: int = WORKER_SENTENCES, rounds: int = WORKER_ROUN
     of processes; ``modes``: which of ``WORKER_MODES``; ``inputs``: which of ``WORKER_INPUTS``.
     Keys of the example input have no prefix, those of another input its name first."""
     times: dict[str, list[float]] = {}
+    speeds: dict[str, list[float]] = {}      # ``machine_speed`` around each run (the slower reading)
     # Bytecode caching on, as in a usual install: with it off every worker compiles its modules.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     root = str(Path(__file__).resolve().parents[1])      # bench.bytewax_wordcount, from any cwd
@@ -474,7 +477,9 @@ def measure_workers(sentences: int = WORKER_SENTENCES, rounds: int = WORKER_ROUN
                                      [sys.executable, "-m", "bytewax.testing", flow, *flags], truth, read_counts))
         for i in range(rounds):
             for key, cmd, truth, read in (runs if i % 2 == 0 else runs[::-1]):
+                before = machine_speed()
                 times.setdefault(key, []).append(_timed_run(cmd, out, env, truth, read))
+                speeds.setdefault(key, []).append(max(before, machine_speed()))
     med = {k: statistics.median(v) for k, v in times.items()}
     speedup = {k.replace("_workers_1", ""): med[k] / med[k.replace("_workers_1", "_workers_2")]
                for k in med if k.endswith("_workers_1")}
@@ -507,7 +512,40 @@ def measure_workers(sentences: int = WORKER_SENTENCES, rounds: int = WORKER_ROUN
             "seconds": times, "median_seconds": med, "speedup_2_vs_1": speedup,
             "speedup_2_vs_1_paired": paired, "speedup_2_vs_1_fastest": best,
             "bytewax_seconds_at": bytewax_at, "bytewax_speedup_2_vs_1": bytewax_speedup,
-            "topo_vs_bytewax_same_processes": vs_bytewax}
+            "topo_vs_bytewax_same_processes": vs_bytewax, "machine_speed_s": speeds,
+            "quiet": quiet_runs(times, speeds)}
+
+
+CANARY = "import time; t = time.perf_counter(); sum(range(12_000_000)); print(time.perf_counter() - t)"
+QUIET_FACTOR = 1.25     # a run is quiet when the machine ran within 25% of its median reading
+
+
+def machine_speed(cores: int = 2) -> float:
+    """Seconds of the slowest of ``cores`` copies of one fixed pure-Python loop run at once,
+    each timed inside its own process (start-up left out): how fast the machine runs, just
+    now, for work that needs every core. On a shared machine others' load slows it for
+    minutes at a time, and a run that needs both cores then loses more than one that needs one."""
+    procs = [subprocess.Popen([sys.executable, "-c", CANARY], stdout=subprocess.PIPE, text=True)
+             for _ in range(cores)]
+    return max(float(p.communicate()[0]) for p in procs)
+
+
+def quiet_runs(times: dict[str, list[float]], speeds: dict[str, list[float]],
+               factor: float = QUIET_FACTOR) -> dict[str, Any]:
+    """The figures again over the quiet runs only: those whose ``machine_speed`` reading (the
+    slower of the one before and the one after) lay within ``factor`` of the median reading
+    of the whole bench (the reading itself moves by some 15% on an idle machine, so only a
+    phase well slower than usual is left out). Every side is filtered by the same rule; a
+    side with no quiet run has no median, and a ratio needs both of its sides."""
+    if not speeds:
+        return {}
+    threshold = factor * statistics.median(x for v in speeds.values() for x in v)
+    kept = {k: [t for t, sp in zip(times[k], speeds[k]) if sp <= threshold] for k in times}
+    med = {k: statistics.median(v) for k, v in kept.items() if v}
+    speedup = {k.replace("_workers_1", ""): med[k] / med[k.replace("_workers_1", "_workers_2")]
+               for k in med if k.endswith("_workers_1") and k.replace("_workers_1", "_workers_2") in med}
+    return {"factor": factor, "threshold_s": threshold, "runs": {k: len(v) for k, v in kept.items()},
+            "median_seconds": med, "speedup_2_vs_1": speedup}
 
 
 def _timed_run(cmd: list[str], out: str, env: dict[str, str], truth: Counter[str],
@@ -590,6 +628,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"2 processes vs 1, {k}: {r:.2f}x")
     for k, r in out["workers"]["topo_vs_bytewax_same_processes"].items():
         print(f"topo vs Bytewax at the same processes, {k}: {r:.2f}x")
+    quiet = out["workers"]["quiet"]
+    if quiet:
+        print(f"quiet runs (machine within {quiet['factor']:.2f}x of its median reading, "
+              f"{quiet['threshold_s']:.3f} s): " + ", ".join(f"{k} {n}" for k, n in quiet["runs"].items()))
+        for k, r in quiet["speedup_2_vs_1"].items():
+            print(f"2 workers vs 1 over quiet runs, {k}: {r:.2f}x")
     print("fields grouping's share of words per count task (2 tasks):",
           {k: [round(x, 3) for x in v] for k, v in out["workers"]["key_shares_2_tasks"].items()})
 

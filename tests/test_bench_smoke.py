@@ -88,3 +88,20 @@ def test_the_workers_bench_runs_only_the_variants_asked_for(tmp_path: Path) -> N
     assert {k for k in got["seconds"] if not k.startswith("bytewax")} == {
         "per_tuple_acking_off_workers_1", "per_tuple_acking_off_workers_2"}
     assert not any("batch" in k for k in got["seconds"])
+
+
+def test_the_quiet_figures_leave_out_runs_the_machine_ran_slow_for_on_every_side_alike() -> None:
+    times = {"v_workers_1": [8.0, 8.2, 12.0, 8.1], "v_workers_2": [5.0, 9.0, 5.2, 5.1],
+             "bytewax_v_p1": [3.0, 3.1, 3.2, 6.0]}
+    speeds = {"v_workers_1": [0.20, 0.21, 0.40, 0.19], "v_workers_2": [0.20, 0.45, 0.21, 0.20],
+              "bytewax_v_p1": [0.20, 0.20, 0.21, 0.50]}
+    got = wordcount.quiet_runs(times, speeds)
+    assert got["threshold_s"] == pytest.approx(1.25 * 0.205)        # the median of the 12 readings
+    assert got["runs"] == {"v_workers_1": 3, "v_workers_2": 3, "bytewax_v_p1": 3}
+    assert got["median_seconds"] == {"v_workers_1": 8.1, "v_workers_2": 5.1, "bytewax_v_p1": 3.1}
+    assert got["speedup_2_vs_1"] == {"v": pytest.approx(8.1 / 5.1)}
+    # A side with no quiet run has no median and gives no ratio.
+    none_quiet = wordcount.quiet_runs({"v_workers_1": [8.0], "v_workers_2": [5.0]},
+                                      {"v_workers_1": [0.2], "v_workers_2": [0.9]})
+    assert none_quiet["median_seconds"] == {"v_workers_1": 8.0} and none_quiet["speedup_2_vs_1"] == {}
+    assert wordcount.quiet_runs({}, {}) == {}
