@@ -106,3 +106,17 @@ def test_the_machine_line_gives_the_load_recorded_not_a_fixed_phrase(tmp_path: P
     assert "load average (1 min) 1.23 then" in report.environment(tmp_path)
     (tmp_path / "environment.json").write_text(json.dumps({k: v for k, v in env.items() if k != "load_average_1min"}))
     assert "load not recorded" in report.environment(tmp_path)
+
+
+def test_the_workers_table_gives_the_quiet_runs_figures_when_the_run_recorded_them() -> None:
+    d = json.loads((report.RESULTS / "wordcount.json").read_text())
+    w = d["workers"]
+    first = next(iter(w["speedup_2_vs_1"]))
+    one, two = f"{first}_workers_1", f"{first}_workers_2"
+    _, before = report.wordcount(d)
+    w["quiet"] = {"factor": 1.25, "threshold_s": 0.25, "runs": {one: 5, two: 0},
+                  "median_seconds": {one: 6.5}, "speedup_2_vs_1": {}}
+    _, after = report.wordcount(d)
+    assert "quiet" not in before.lower().replace("--quiet", "")
+    assert "within 1.25x of the median reading, 0.250 s" in after
+    assert f"| {first} | 6.50 (5) | - (0) | - |" in after          # no quiet two-worker run: no ratio
