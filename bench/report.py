@@ -77,7 +77,7 @@ def wordcount(d: dict[str, Any]) -> tuple[str, str]:
         if quiet:
             runs = quiet["runs"]
             lines += ["", f"Over the quiet runs alone (the machine's two-core reading before and after the run within "
-                      f"{quiet['factor']:.2f}x of the median reading, {quiet['threshold_s']:.3f} s; every side filtered "
+                      f"{quiet['factor']:.2f}x of the 10th-percentile reading, {quiet['threshold_s']:.3f} s; every side filtered "
                       "alike), median wall seconds (quiet runs):", "",
                       "| variant and acking | 1 worker | 2 workers | speed-up |", "|---|---|---|---|"]
             qmed = quiet["median_seconds"]
