@@ -73,19 +73,29 @@ def wordcount(d: dict[str, Any]) -> tuple[str, str]:
                 fastest = min(w["seconds"][one]) / min(w["seconds"][two])
             lines.append(f"| {k} | {sec[one]:.2f} ({wspread.get(one, 0):.0%}) | {sec[two]:.2f} "
                          f"({wspread.get(two, 0):.0%}) | {r:.2f}x | {_num(paired, '.2f')}x | {_num(fastest, '.2f')}x |")
-        quiet = w.get("quiet")
+        # Over the quiet runs: derived from the run's own readings by the rule as it is now
+        # (``bench.wordcount.quiet_runs``), so a run stored before a change of the rule reads alike.
+        from bench.wordcount import quiet_runs
+        quiet = quiet_runs(w["seconds"], w["machine_speed_s"]) if "machine_speed_s" in w else None
         if quiet:
             runs = quiet["runs"]
             lines += ["", f"Over the quiet runs alone (the machine's two-core reading before and after the run within "
                       f"{quiet['factor']:.2f}x of the 10th-percentile reading, {quiet['threshold_s']:.3f} s; every side filtered "
                       "alike), median wall seconds (quiet runs):", "",
-                      "| variant and acking | 1 worker | 2 workers | speed-up |", "|---|---|---|---|"]
-            qmed = quiet["median_seconds"]
+                      "| variant and acking | 1 worker | 2 workers | speed-up | against Bytewax, 1 process | 2 processes |",
+                      "|---|---|---|---|---|---|"]
+            qmed, versus = quiet["median_seconds"], quiet.get("topo_vs_bytewax_same_processes", {})
+
+            def times(r: float | None) -> str:
+                return "-" if r is None else f"{r:.2f}x"
             for k in w["speedup_2_vs_1"]:
                 one, two = f"{k}_workers_1", f"{k}_workers_2"
                 cells = [f"{qmed[x]:.2f} ({runs.get(x, 0)})" if x in qmed else f"- ({runs.get(x, 0)})" for x in (one, two)]
-                r = quiet["speedup_2_vs_1"].get(k)
-                lines.append(f"| {k} | {cells[0]} | {cells[1]} | {'-' if r is None else f'{r:.2f}x'} |")
+                lines.append(f"| {k} | {cells[0]} | {cells[1]} | {times(quiet['speedup_2_vs_1'].get(k))} | "
+                             f"{times(versus.get(one))} | {times(versus.get(two))} |")
+            if quiet.get("bytewax_speedup_2_vs_1"):
+                lines += ["", "Bytewax over its quiet runs, 2 processes vs 1: " + ", ".join(
+                    f"{k} {v:.2f}x" for k, v in quiet["bytewax_speedup_2_vs_1"].items()) + "."]
         lines += ["", "Bytewax at 1 and 2 processes (the faster of `-p 2` and `-w 2`), seconds: " +
                   ", ".join(f"{k} {v:.2f}" for k, v in w["bytewax_seconds_at"].items()) +
                   "; 2 vs 1: " + ", ".join(f"{k} {v:.2f}x" for k, v in w["bytewax_speedup_2_vs_1"].items()) + ".",

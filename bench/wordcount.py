@@ -492,28 +492,35 @@ def measure_workers(sentences: int = WORKER_SENTENCES, rounds: int = WORKER_ROUN
     # need both cores free at once, so others' load on a shared machine costs them more often.
     best = {k.replace("_workers_1", ""): min(times[k]) / min(times[k.replace("_workers_1", "_workers_2")])
             for k in med if k.endswith("_workers_1")}
-    bytewax_at: dict[str, float] = {}        # Bytewax's faster way at 1 and at 2 processes
-    bytewax_speedup: dict[str, float] = {}
-    vs_bytewax: dict[str, float] = {}
-    for source in inputs:
-        prefix = "" if source == "example" else f"{source}_"
-        for v in ("per_tuple", "batch"):
-            bx = f"{prefix}bytewax_{v}"
-            if f"{bx}_p1" not in med:
-                continue
-            at = {1: med[f"{bx}_p1"], 2: min(med[f"{bx}_p2"], med[f"{bx}_w2"])}
-            bytewax_at[f"{bx}_1"], bytewax_at[f"{bx}_2"] = at[1], at[2]
-            bytewax_speedup[bx] = at[1] / at[2]
-            for mode in modes:
-                for w in (1, 2):
-                    key = f"{prefix}{v}_acking_{mode}_workers_{w}"
-                    vs_bytewax[key] = at[w] / med[key]
+    bytewax_at, bytewax_speedup, vs_bytewax = versus_bytewax(med)
     return {"sentences": totals, "inputs": list(inputs), "key_shares_2_tasks": shares, "rounds": rounds,
             "seconds": times, "median_seconds": med, "speedup_2_vs_1": speedup,
             "speedup_2_vs_1_paired": paired, "speedup_2_vs_1_fastest": best,
             "bytewax_seconds_at": bytewax_at, "bytewax_speedup_2_vs_1": bytewax_speedup,
             "topo_vs_bytewax_same_processes": vs_bytewax, "machine_speed_s": speeds,
             "quiet": quiet_runs(times, speeds)}
+
+
+def versus_bytewax(med: dict[str, float]) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """From medians: Bytewax's time at 1 and 2 processes (at 2 the faster of ``-p 2`` and
+    ``-w 2``), its speed-up, and topo against it at the same number of processes (Bytewax's
+    time over topo's), for every input, variant and acking mode ``med`` has both sides of."""
+    at_n: dict[str, float] = {}
+    speedup: dict[str, float] = {}
+    versus: dict[str, float] = {}
+    for p1 in [k for k in med if "bytewax_" in k and k.endswith("_p1")]:
+        bx = p1[:-len("_p1")]                       # "<prefix>bytewax_<variant>"
+        twos = [med[k] for k in (f"{bx}_p2", f"{bx}_w2") if k in med]
+        if not twos:
+            continue
+        at = {1: med[p1], 2: min(twos)}
+        at_n[f"{bx}_1"], at_n[f"{bx}_2"] = at[1], at[2]
+        speedup[bx] = at[1] / at[2]
+        topo = bx.replace("bytewax_", "") + "_acking_"
+        for key in med:
+            if key.startswith(topo) and key[-10:-1] == "_workers_":
+                versus[key] = at[int(key[-1])] / med[key]
+    return at_n, speedup, versus
 
 
 CANARY = "import time; t = time.perf_counter(); sum(range(12_000_000)); print(time.perf_counter() - t)"
@@ -546,8 +553,10 @@ def quiet_runs(times: dict[str, list[float]], speeds: dict[str, list[float]],
     med = {k: statistics.median(v) for k, v in kept.items() if v}
     speedup = {k.replace("_workers_1", ""): med[k] / med[k.replace("_workers_1", "_workers_2")]
                for k in med if k.endswith("_workers_1") and k.replace("_workers_1", "_workers_2") in med}
+    _, bytewax_speedup, vs_bytewax = versus_bytewax(med)
     return {"factor": factor, "threshold_s": threshold, "runs": {k: len(v) for k, v in kept.items()},
-            "median_seconds": med, "speedup_2_vs_1": speedup}
+            "median_seconds": med, "speedup_2_vs_1": speedup, "bytewax_speedup_2_vs_1": bytewax_speedup,
+            "topo_vs_bytewax_same_processes": vs_bytewax}
 
 
 def _timed_run(cmd: list[str], out: str, env: dict[str, str], truth: Counter[str],
