@@ -481,8 +481,7 @@ def measure_workers(sentences: int = WORKER_SENTENCES, rounds: int = WORKER_ROUN
                 times.setdefault(key, []).append(_timed_run(cmd, out, env, truth, read))
                 speeds.setdefault(key, []).append(max(before, machine_speed()))
     med = {k: statistics.median(v) for k, v in times.items()}
-    speedup = {k.replace("_workers_1", ""): med[k] / med[k.replace("_workers_1", "_workers_2")]
-               for k in med if k.endswith("_workers_1")}
+    speedup = speedups(med)
     # The same ratio taken within each round (its 1- and 2-worker runs follow each other), then
     # the median over rounds: a slow phase of the machine then slows both sides of a ratio.
     paired = {k.replace("_workers_1", ""): statistics.median(
@@ -499,6 +498,13 @@ def measure_workers(sentences: int = WORKER_SENTENCES, rounds: int = WORKER_ROUN
             "bytewax_seconds_at": bytewax_at, "bytewax_speedup_2_vs_1": bytewax_speedup,
             "topo_vs_bytewax_same_processes": vs_bytewax, "machine_speed_s": speeds,
             "quiet": quiet_runs(times, speeds)}
+
+
+def speedups(med: dict[str, float]) -> dict[str, float]:
+    """2 workers against 1 from medians (one worker's time over two workers'), for every
+    side ``med`` has both the ``_workers_1`` and the ``_workers_2`` median of."""
+    return {k[:-len("_workers_1")]: med[k] / med[k[:-1] + "2"]
+            for k in med if k.endswith("_workers_1") and k[:-1] + "2" in med}
 
 
 def versus_bytewax(med: dict[str, float]) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
@@ -551,11 +557,9 @@ def quiet_runs(times: dict[str, list[float]], speeds: dict[str, list[float]],
     threshold = factor * readings[len(readings) // 10]
     kept = {k: [t for t, sp in zip(times[k], speeds[k]) if sp <= threshold] for k in times}
     med = {k: statistics.median(v) for k, v in kept.items() if v}
-    speedup = {k.replace("_workers_1", ""): med[k] / med[k.replace("_workers_1", "_workers_2")]
-               for k in med if k.endswith("_workers_1") and k.replace("_workers_1", "_workers_2") in med}
     _, bytewax_speedup, vs_bytewax = versus_bytewax(med)
     return {"factor": factor, "threshold_s": threshold, "runs": {k: len(v) for k, v in kept.items()},
-            "median_seconds": med, "speedup_2_vs_1": speedup, "bytewax_speedup_2_vs_1": bytewax_speedup,
+            "median_seconds": med, "speedup_2_vs_1": speedups(med), "bytewax_speedup_2_vs_1": bytewax_speedup,
             "topo_vs_bytewax_same_processes": vs_bytewax}
 
 
