@@ -60,3 +60,55 @@ def test_a_remote_queue_refuses_what_it_cannot_pack_or_what_is_over_its_bound() 
     small = RemoteQueue(8, link, 100, TupleCodec.encode)       # type: ignore[arg-type]
     assert asyncio.run(small.put_packing(ok)) is None               # ... or cuts it into pieces
     assert len(link.frames) == 1 and link.frames[0][2] == q.bytes
+
+
+
+def test_per_tuple_emits_towards_another_worker_travel_as_runs_and_arrive_as_sent() -> None:
+    """Under batch granularity an auto-anchored bolt's single emits into a lane towards another
+    worker are kept as runs of values (no tuple object per emit); the batch is packed whole, one
+    wire group per ack group, and arrives with every tuple's values, anchors and born and one
+    ack cell per group; the local lane beside it keeps tuple objects."""
+    import random
+    from topo.api import TupleBatch
+    from topo.groupings import Router
+    from runtime.local.acker import Acker, new_group
+    from runtime.local.collectors import BoltCollector
+    from runtime.local.queue import ByteQueue
+    from runtime.observe.stats import TaskStats
+
+    fields = FieldIndex.of(["word"])
+    router = Router([7, 8], lambda values: 0 if values[0] < "m" else 1)
+    local, link = ByteQueue(1 << 20), _Link()
+    remote = RemoteQueue(8, link, 1 << 20, TupleCodec.encode)       # type: ignore[arg-type]
+    outbox = Outbox("split", 3, {"default": StreamRoutes(fields, [router])}, {7: local, 8: remote}, 10_000, 1.0)
+    collector = BoltCollector(outbox, acker=Acker(30.0), stats=TaskStats("t", "split", 3, False),
+                              auto_anchor=True, getrandbits=random.Random(5).getrandbits, batches=True)
+    spout = Origin(FieldIndex.of(["sentence"]), "default", "sentences", 1)
+    parents = [WireTuple((["s"], spout, {11: 0x71}, 1.5, new_group())),
+               WireTuple((["s"], spout, {12: 0x72}, 2.5, new_group()))]
+    words = [["zebra", "apple", "moon", "yak"], ["night", "bee", "owl"]]
+    for parent, ws in zip(parents, words):
+        collector.current = parent
+        for w in ws:
+            collector.emit([w])
+    lane = outbox.lanes[8]
+    assert not lane.batch and [len(r[0]) for r in lane.runs] == [3, 2]     # one run per ack group
+    assert all(type(t) is WireTuple for t in outbox.lanes[7].batch)
+    asyncio.run(outbox.flush())
+    (_, target, nbytes, groups), = link.frames
+    remote_words = [[w] for ws in words for w in ws if w >= "m"]
+    assert target == 8 and nbytes == sum(len(msgpack.packb(v)) for v in remote_words)
+    got = TupleCodec({"split": {"default": ("word",)}}).decode(
+        msgpack.unpackb(msgpack.packb(groups, use_bin_type=True), raw=False, strict_map_key=False))
+    assert type(got) is TupleBatch
+    back = got.tuples()
+    assert [t.values for t in back] == remote_words
+    assert [t.born for t in back] == [1.5, 1.5, 1.5, 2.5, 2.5]
+    assert [list(t.anchors) for t in back] == [[11]] * 3 + [[12]] * 2
+    assert back[0].ackcell is back[2].ackcell and back[3].ackcell is back[4].ackcell
+    assert (back[0].ackcell[1], back[3].ackcell[1]) == (3, 2)
+    # Each lane's group XORed its edge into its parent's cell once (parents start at 0).
+    sent_here, _ = local.get_nowait()
+    for k, (parent, root) in enumerate(zip(parents, (11, 12))):
+        here = {t.anchors[root] for t in sent_here if root in t.anchors}
+        assert len(here) == 1 and parent.ackcell[0] == here.pop() ^ back[3 * k].anchors[root]

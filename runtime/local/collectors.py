@@ -376,6 +376,10 @@ class BoltCollector:
         origin, nfields, lanes, select, only = single
         arity_error = self._outbox.arity_error
         outbox = self._outbox
+        # Towards another worker a lane keeps its tuples as runs of values (no tuple object per
+        # emit): its queue packs them whole. Only where no router can retarget the lane
+        # (autoscaling and send windows read single tuples).
+        runs_ok = outbox.streams[DEFAULT_STREAM].routers[0].retarget is None
 
         def emit_inlined(values: Sequence[Any], stream: str = DEFAULT_STREAM,
                          anchors: Tuple | Sequence[Tuple] | None = None) -> None:
@@ -393,7 +397,17 @@ class BoltCollector:
                         if g is None or lane.group_parent is not parent:
                             g = lane.open_group(parent, roots, getrandbits)
                         g[1] += 1
-                        lane.batch.append(WireTuple((values, origin, lane.group_anchors, cur.born, g)))
+                        if runs_ok and not lane.sized_at_emit:
+                            runs = lane.runs
+                            last = runs[-1] if runs else None
+                            if (last is not None and last[4] is g and last[5] == len(lane.batch)
+                                    and last[3] == cur.born and type(last[0]) is list):
+                                last[0].append(values)
+                                lane.run_count += 1
+                            else:
+                                lane.add_run([values], origin, lane.group_anchors, cur.born, g)
+                        else:
+                            lane.batch.append(WireTuple((values, origin, lane.group_anchors, cur.born, g)))
                         outbox.pending_count += 1
                         collector.emitted += 1
                         return
