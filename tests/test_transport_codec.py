@@ -112,3 +112,23 @@ def test_per_tuple_emits_towards_another_worker_travel_as_runs_and_arrive_as_sen
     for k, (parent, root) in enumerate(zip(parents, (11, 12))):
         here = {t.anchors[root] for t in sent_here if root in t.anchors}
         assert len(here) == 1 and parent.ackcell[0] == here.pop() ^ back[3 * k].anchors[root]
+
+
+def test_a_lane_extends_its_last_run_only_with_values_that_share_everything_else() -> None:
+    from runtime.local.acker import new_group
+    from runtime.local.outbox import Lane
+    one, other = Origin(FIELDS, "default", "split", 3), Origin(FIELDS, "other", "split", 3)
+    g, h = new_group(), new_group()
+    lane = Lane(8)
+    lane.add_one(["a", 1], one, {1: 5}, 1.0, g)
+    lane.add_one(["b", 2], one, {1: 5}, 1.0, g)          # extends
+    lane.add_one(["c", 3], other, {1: 5}, 1.0, g)        # another stream: a run of its own
+    lane.add_one(["d", 4], other, {1: 5}, 2.0, g)        # another born
+    lane.add_one(["e", 5], other, {2: 6}, 2.0, h)        # another ack group
+    lane.batch.append(WireTuple((["f", 6], other, {2: 6}, 2.0, h)))
+    lane.add_one(["g", 7], other, {2: 6}, 2.0, h)        # a tuple came between
+    assert [(len(r[0]), r[1] is one, r[3], r[4] is g, r[5]) for r in lane.runs] == \
+        [(2, True, 1.0, True, 0), (1, False, 1.0, True, 0), (1, False, 2.0, True, 0), (1, False, 2.0, False, 0),
+         (1, False, 2.0, False, 1)]
+    assert lane.run_count == 6
+    assert [t.values[0] for t in lane.take()] == list("abcdefg")

@@ -398,14 +398,7 @@ class BoltCollector:
                             g = lane.open_group(parent, roots, getrandbits)
                         g[1] += 1
                         if runs_ok and not lane.sized_at_emit:
-                            runs = lane.runs
-                            last = runs[-1] if runs else None
-                            if (last is not None and last[4] is g and last[5] == len(lane.batch)
-                                    and last[3] == cur.born and type(last[0]) is list):
-                                last[0].append(values)
-                                lane.run_count += 1
-                            else:
-                                lane.add_run([values], origin, lane.group_anchors, cur.born, g)
+                            lane.add_one(values, origin, lane.group_anchors, cur.born, g)
                         else:
                             lane.batch.append(WireTuple((values, origin, lane.group_anchors, cur.born, g)))
                         outbox.pending_count += 1

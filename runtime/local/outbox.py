@@ -109,6 +109,21 @@ class Lane:
                 return
         runs.append([values, origin, anchors, born, cell, at])
 
+    def add_one(self, values: Sequence[Any], origin: Origin, anchors: dict[int, int] | None, born: float,
+                cell: AckGroup | None) -> None:
+        """One emit's ``values`` as a run (a lane towards another worker: no tuple object is
+        made, the queue packs the runs whole): it extends the last run when nothing came
+        between them and they share everything but their values."""
+        runs = self.runs
+        self.run_count += 1
+        if runs:
+            last = runs[-1]
+            if (last[4] is cell and last[1] is origin and last[5] == len(self.batch) and last[3] == born
+                    and type(last[0]) is list):
+                last[0].append(values)
+                return
+        runs.append([[values], origin, anchors, born, cell, len(self.batch)])
+
     def take(self) -> list[Tuple] | TupleBatch:
         """Everything pending in this lane, in emission order, and the lane emptied: a
         ``TupleBatch`` when it holds only runs, else a list of tuples."""
