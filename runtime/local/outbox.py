@@ -52,8 +52,10 @@ class Lane:
         self.batch: list[Tuple] = []
         # Whole ``emit_many``s kept as columns (``topo.api.Run``), each placed among the single
         # tuples of ``batch`` by its ``at``; they travel as one ``TupleBatch`` when ``batch``
-        # is empty at the flush. Only lanes no router can retarget get runs (autoscaling and
-        # send windows read ``batch``), so everything outside the outbox sees tuples.
+        # is empty at the flush. Towards another worker a bolt's single emits under batch
+        # granularity are kept as runs too (``add_one``). Only lanes no router can retarget
+        # get runs (autoscaling and send windows read ``batch``), so everything outside the
+        # outbox sees tuples.
         self.runs: list[Run] = []
         self.run_count = 0
         # Wire bytes of the batch's tuples already sized when emitted (a whole ``emit_many``
