@@ -3,13 +3,20 @@ outbox gives any queue, and what arrives is what was sent."""
 from __future__ import annotations
 
 import asyncio
+import random
 from typing import Any
 
 import msgpack
+import pytest
 
-from topo.api import FieldIndex, Origin, WireTuple
-from runtime.local.outbox import Outbox, StreamRoutes
+from topo.api import EmitError, FieldIndex, Origin, TupleBatch, WireTuple
+from topo.groupings import Router
+from runtime.local.acker import Acker, new_group
+from runtime.local.collectors import BoltCollector
+from runtime.local.outbox import Lane, Outbox, StreamRoutes
+from runtime.local.queue import ByteQueue
 from runtime.local.transport import RemoteQueue, TupleCodec
+from runtime.observe.stats import TaskStats
 
 FIELDS = FieldIndex.of(["word", "n"])
 
@@ -63,29 +70,32 @@ def test_a_remote_queue_refuses_what_it_cannot_pack_or_what_is_over_its_bound() 
 
 
 
+
+def _split_task(select: Any) -> tuple[Outbox, BoltCollector, ByteQueue, _Link]:
+    """A split task under batch granularity whose word stream goes to task 7 in this worker
+    and task 8 in another (``select``: the index), with the queue and link of each."""
+    local, link = ByteQueue(1 << 20), _Link()
+    remote = RemoteQueue(8, link, 1 << 20, TupleCodec.encode)       # type: ignore[arg-type]
+    outbox = Outbox("split", 3, {"default": StreamRoutes(FieldIndex.of(["word"]), [Router([7, 8], select)])},
+                    {7: local, 8: remote}, 10_000, 1.0)
+    collector = BoltCollector(outbox, acker=Acker(30.0), stats=TaskStats("t", "split", 3, False),
+                              auto_anchor=True, getrandbits=random.Random(5).getrandbits, batches=True)
+    return outbox, collector, local, link
+
+
+def _sentence(anchors: dict[int, int], born: float) -> WireTuple:
+    """An input of the split task: a spout tuple of its own ack group."""
+    return WireTuple((["s"], Origin(FieldIndex.of(["sentence"]), "default", "sentences", 1), anchors, born,
+                      new_group()))
+
 def test_per_tuple_emits_towards_another_worker_travel_as_runs_and_arrive_as_sent() -> None:
     """Under batch granularity an auto-anchored bolt's single emits into a lane towards another
     worker are kept as runs of values (no tuple object per emit); the batch is packed whole, one
     wire group per ack group, and arrives with every tuple's values, anchors and born and one
     ack cell per group; the local lane beside it keeps tuple objects."""
-    import random
-    from topo.api import TupleBatch
-    from topo.groupings import Router
-    from runtime.local.acker import Acker, new_group
-    from runtime.local.collectors import BoltCollector
-    from runtime.local.queue import ByteQueue
-    from runtime.observe.stats import TaskStats
 
-    fields = FieldIndex.of(["word"])
-    router = Router([7, 8], lambda values: 0 if values[0] < "m" else 1)
-    local, link = ByteQueue(1 << 20), _Link()
-    remote = RemoteQueue(8, link, 1 << 20, TupleCodec.encode)       # type: ignore[arg-type]
-    outbox = Outbox("split", 3, {"default": StreamRoutes(fields, [router])}, {7: local, 8: remote}, 10_000, 1.0)
-    collector = BoltCollector(outbox, acker=Acker(30.0), stats=TaskStats("t", "split", 3, False),
-                              auto_anchor=True, getrandbits=random.Random(5).getrandbits, batches=True)
-    spout = Origin(FieldIndex.of(["sentence"]), "default", "sentences", 1)
-    parents = [WireTuple((["s"], spout, {11: 0x71}, 1.5, new_group())),
-               WireTuple((["s"], spout, {12: 0x72}, 2.5, new_group()))]
+    outbox, collector, local, link = _split_task(lambda values: 0 if values[0] < "m" else 1)
+    parents = [_sentence({11: 0x71}, 1.5), _sentence({12: 0x72}, 2.5)]
     words = [["zebra", "apple", "moon", "yak"], ["night", "bee", "owl"]]
     for parent, ws in zip(parents, words):
         collector.current = parent
@@ -115,8 +125,6 @@ def test_per_tuple_emits_towards_another_worker_travel_as_runs_and_arrive_as_sen
 
 
 def test_a_lane_extends_its_last_run_only_with_values_that_share_everything_else() -> None:
-    from runtime.local.acker import new_group
-    from runtime.local.outbox import Lane
     one, other = Origin(FIELDS, "default", "split", 3), Origin(FIELDS, "other", "split", 3)
     g, h = new_group(), new_group()
     lane = Lane(8)
@@ -132,3 +140,18 @@ def test_a_lane_extends_its_last_run_only_with_values_that_share_everything_else
          (1, False, 2.0, False, 1)]
     assert lane.run_count == 6
     assert [t.values[0] for t in lane.take()] == list("abcdefg")
+
+
+
+def test_an_unencodable_value_emitted_towards_another_worker_is_named_at_the_flush() -> None:
+    """A run that cannot be packed is sized value by value, as any batch: the error names
+    the component, the stream and the field."""
+
+    outbox, collector, _, link = _split_task(lambda values: 1)
+    collector.current = _sentence({11: 1}, 1.5)
+    collector.emit(["fine"])
+    collector.emit([object()])
+    assert outbox.lanes[8].runs and not outbox.lanes[8].batch
+    with pytest.raises(EmitError, match="component 'split' emitted on stream 'default' a value for field 'word'"):
+        asyncio.run(outbox.flush())
+    assert not link.frames
