@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 import pytest
 
-from topo.api import Bolt, EmitError, EndOfStream, Spout, Tuple
+from topo.api import Bolt, EmitError, EndOfStream, Repeated, Spout, Tuple
 from topo.examples.wordcount import (BatchFinalCountBolt, BatchSplitBolt, SentenceSpout,
                                      expected_counts)
 from topo.testing import BoltHarness
@@ -76,9 +76,13 @@ def test_batch_word_count_is_exact_across_tasks(acking: bool) -> None:
 
 
 class BatchFanout(Bolt):
-    """Three children per input, all emitted in one ``emit_many`` anchored each to its input."""
+    """Three children per input, all emitted in one ``emit_many`` anchored each to its input
+    (``repeated``: the parents given as ``Repeated(tuples, [3, 3, ...])``)."""
 
     outputs = ["n"]
+
+    def __init__(self, repeated: bool = False) -> None:
+        self.repeated = repeated
 
     def execute_batch(self, tuples: Sequence[Tuple]) -> None:
         values, parents = [], []
@@ -86,7 +90,8 @@ class BatchFanout(Bolt):
             for i in range(3):
                 values.append([t.values[0] * 10 + i])
                 parents.append(t)
-        self.collector.emit_many(values, anchor_each=parents)
+        each = Repeated(tuples, [3] * len(tuples)) if self.repeated else parents
+        self.collector.emit_many(values, anchor_each=each)
 
 
 class FailOnce(Bolt):
@@ -99,11 +104,12 @@ class FailOnce(Bolt):
             raise RuntimeError("grandchild failed")
 
 
-def test_anchor_each_fails_only_the_tree_of_the_failed_child() -> None:
+@pytest.mark.parametrize("repeated", [False, True])
+def test_anchor_each_fails_only_the_tree_of_the_failed_child(repeated: bool) -> None:
     spout = Numbers(40)
     b = TopologyBuilder("tree", {"acking": True, **NO_BP})
     b.spout("nums", lambda: spout)
-    b.bolt("fan", BatchFanout()).shuffle("nums")
+    b.bolt("fan", BatchFanout(repeated)).shuffle("nums")
     b.bolt("leaf", FailOnce(bad=172)).shuffle("fan")     # a grandchild of root 17
     run(b.build())
     assert spout.failed == [17]
@@ -216,3 +222,50 @@ def test_fields_routing_of_a_whole_list_is_the_per_tuple_rule_for_every_key_type
     assert list(fresh.select_many(words)) == want[:300]        # strings, remembered: from the column
     by_key = FieldsGrouping("v").router([7, 8], FieldIndex.of(["k", "v"]), rng=random.Random(0))
     assert list(by_key.select_many(columns)) == [fields_task_index([v[1]], 2) for v in values_list]
+
+
+def test_repeated_reads_as_the_sequence_it_stands_for() -> None:
+    r = Repeated(["a", "b", "c"], [2, 0, 3])
+    assert len(r) == 5 and list(r) == ["a", "a", "c", "c", "c"]
+    assert [r[i] for i in range(5)] == list(r) and r[-1] == "c" and r[1:4] == ["a", "c", "c"]
+    assert r.present() == ["a", "c"]
+    with pytest.raises(IndexError):
+        r[5]
+    with pytest.raises(ValueError, match="2 items and 1 counts"):
+        Repeated(["a", "b"], [1])
+    with pytest.raises(ValueError, match="a count is negative"):
+        Repeated(["a"], [-1])
+
+
+def test_repeated_parents_under_batch_granularity_cost_one_group_per_lane_and_mixed_ones_fall_back() -> None:
+    """Parents of one ack group: one lane group under it, whatever the number of values; parents
+    of two groups: each values joins a group under its own parent, as a plain list would."""
+    import random
+    from topo.api import FieldIndex, Origin, WireTuple
+    from topo.groupings import Router
+    from runtime.local.acker import Acker, new_group
+    from runtime.local.collectors import BoltCollector
+    from runtime.local.outbox import Outbox, StreamRoutes
+    from runtime.local.queue import ByteQueue
+    from runtime.observe.stats import TaskStats
+
+    def fan(parents: list[WireTuple], counts: list[int]) -> Outbox:
+        outbox = Outbox("fan", 2, {"default": StreamRoutes(FieldIndex.of(["n"]), [Router([7], lambda v: 0)])},
+                        {7: ByteQueue(1 << 20)}, 10_000, 1.0)
+        collector = BoltCollector(outbox, acker=Acker(30.0), stats=TaskStats("t", "fan", 2, False),
+                                  auto_anchor=True, getrandbits=random.Random(3).getrandbits, batches=True)
+        collector.emit_many([[i] for i in range(sum(counts))], anchor_each=Repeated(parents, counts))
+        return outbox
+
+    spout = Origin(FieldIndex.of(["n"]), "default", "nums", 1)
+    g = new_group()
+    one = [WireTuple(([k], spout, {5: 1}, 1.0, g)) for k in range(3)]
+    lane = fan(one, [2, 0, 3]).lanes[7]
+    (run_,) = lane.runs                                   # one run, one group of five values
+    assert len(run_[0]) == 5 and run_[4][1] == 5 and g[0] == next(iter(run_[2].values()))
+    g1, g2 = new_group(), new_group()
+    two = [WireTuple(([0], spout, {5: 1}, 1.0, g1)), WireTuple(([1], spout, {6: 1}, 1.0, g2))]
+    lane = fan(two, [2, 3]).lanes[7]
+    cells = [t.ackcell for t in lane.take()]
+    assert cells[0] is cells[1] and cells[2] is cells[3] is cells[4] and cells[0] is not cells[2]
+    assert (cells[0][1], cells[2][1]) == (2, 3) and g1[0] != 0 and g2[0] != 0

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence as _SequenceABC
 from dataclasses import dataclass, field
-from itertools import repeat
+from bisect import bisect_right
+from itertools import accumulate, chain, compress, repeat
 from operator import itemgetter
 from typing import Any, Iterator, Mapping, Protocol, Sequence, overload
 
@@ -243,6 +244,52 @@ class Columns(_SequenceABC):  # type: ignore[type-arg]
 # ``[values_list, origin, anchors, born, ackcell, at]`` (``values_list``: a list, or ``Columns``) (``at``: where the run stands among
 # the single tuples of the lane it was emitted into; the batch itself ignores it).
 Run = list
+
+
+class Repeated(_SequenceABC):  # type: ignore[type-arg]
+    """``items[i]`` repeated ``counts[i]`` times, in order, as one sequence, with no list of
+    the repeats: ``emit_many(words, anchor_each=Repeated(sentences, words_per_sentence))``
+    anchors each word to its sentence. The local engine then checks each parent once,
+    not once per values; anywhere else it reads as the plain sequence it stands for."""
+
+    __slots__ = ("items", "counts", "_ends")
+
+    def __init__(self, items: Sequence[Any], counts: Sequence[int]) -> None:
+        self.items = list(items)
+        self.counts = list(counts)
+        if len(self.items) != len(self.counts):
+            raise ValueError(f"Repeated: {len(self.items)} items and {len(self.counts)} counts (one count per item)")
+        if self.counts and min(self.counts) < 0:
+            raise ValueError(f"Repeated: a count is negative ({min(self.counts)})")
+        self._ends: list[int] | None = None
+
+    def __len__(self) -> int:
+        ends = self._ends
+        return ends[-1] if ends else sum(self.counts)
+
+    def __iter__(self) -> Iterator[Any]:
+        return chain.from_iterable(map(repeat, self.items, self.counts))
+
+    @overload
+    def __getitem__(self, i: int) -> Any: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Any]: ...
+
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            return list(self)[i]
+        if self._ends is None:
+            self._ends = list(accumulate(self.counts))
+        n = self._ends[-1] if self._ends else 0
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("Repeated index out of range")
+        return self.items[bisect_right(self._ends, i)]
+
+    def present(self) -> list[Any]:
+        """The items that occur at least once (those with a count over 0), in order."""
+        return list(compress(self.items, self.counts))
 
 
 class TupleBatch(_SequenceABC):  # type: ignore[type-arg]

@@ -14,7 +14,7 @@ from itertools import repeat
 from operator import attrgetter
 from typing import Any, Callable, Sequence
 
-from topo.api import DEFAULT_STREAM, EmitError, Tuple, WireTuple
+from topo.api import DEFAULT_STREAM, EmitError, Repeated, Tuple, WireTuple
 from runtime.local.acker import Acker, Outcome
 from runtime.local.outbox import Outbox
 from runtime.observe.stats import TaskStats
@@ -424,8 +424,10 @@ class BoltCollector:
             parents = (anchors,) if isinstance(anchors, Tuple) else tuple(anchors)
         if parents:
             first = parents[0].ackcell
-            if first is not None and (len(parents) == 1 or (len(first) == 2 and    # an AckGroup: see its docstring
-                                                             list(map(_cell, parents)).count(first) == len(parents))):
+            # Each parent is checked once: a ``Repeated`` names each of its parents once.
+            distinct = parents.present() if type(parents) is Repeated else parents
+            if first is not None and (len(distinct) == 1 or (len(first) == 2 and    # an AckGroup: see its docstring
+                                                              list(map(_cell, distinct)).count(first) == len(distinct))):
                 many = self._outbox.grouped_many.get(stream)
                 if many is None:
                     raise self._outbox.unknown_stream(stream)

@@ -16,7 +16,7 @@ from operator import mod
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from topo.api import Bolt, Columns, EndOfStream, Spout, SpoutOutputCollector, TaskContext, Tuple, column
+from topo.api import Bolt, Columns, EndOfStream, Repeated, Spout, SpoutOutputCollector, TaskContext, Tuple, column
 from topo.sources.base import OffsetSource, check_range
 from topo.sources.spouts import OffsetSpout
 
@@ -151,11 +151,11 @@ class BatchSplitBolt(SplitBolt):
     each word anchored to its sentence."""
 
     def execute_batch(self, tuples: Sequence[Tuple]) -> None:
-        # C-level maps, no Python loop per sentence: each sentence's words, then one
-        # parent per word (its sentence, repeated once per word of it)
+        # C-level maps, no Python loop per sentence: each sentence's words, then each
+        # word's parent (its sentence, standing for as many words as it has)
         per_sentence = list(map(_WORD.findall, map(str.lower, column(tuples, "sentence"))))
         words = list(chain.from_iterable(per_sentence))
-        parents = list(chain.from_iterable(map(repeat, tuples, map(len, per_sentence))))
+        parents = Repeated(tuples, map(len, per_sentence))      # each sentence once, with its word count
         self.collector.emit_many(Columns(words), anchor_each=parents)       # the "word" column
 
 
