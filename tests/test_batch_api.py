@@ -2,17 +2,24 @@
 of the per-tuple API (routing, acking trees, replay of failures, one-line emit errors)."""
 from __future__ import annotations
 
+import random
 from collections import Counter
 from typing import Any, Sequence
 
 import pytest
 
-from topo.api import Bolt, EmitError, EndOfStream, Repeated, Spout, Tuple
+from topo.api import Bolt, EmitError, EndOfStream, FieldIndex, Origin, Repeated, Spout, Tuple, WireTuple
 from topo.examples.wordcount import (BatchFinalCountBolt, BatchSplitBolt, SentenceSpout,
                                      expected_counts)
 from topo.testing import BoltHarness
 from topo.topology import TopologyBuilder
+from topo.groupings import Router
+from runtime.local.acker import Acker, new_group
+from runtime.local.collectors import BoltCollector
 from runtime.local.engine import run
+from runtime.local.outbox import Outbox, StreamRoutes
+from runtime.local.queue import ByteQueue
+from runtime.observe.stats import TaskStats
 
 NO_BP = {"backpressure.policy": "none"}
 
@@ -200,9 +207,7 @@ def test_the_harness_runs_a_batch_bolt_one_tuple_at_a_time() -> None:
 def test_fields_routing_of_a_whole_list_is_the_per_tuple_rule_for_every_key_type() -> None:
     """The router remembers string keys only: 1, 1.0 and True are equal dict keys, and each
     must still go where its own encoding sends it."""
-    import random
 
-    from topo.api import FieldIndex
     from topo.groupings import FieldsGrouping, fields_task_index
 
     router = FieldsGrouping("k").router([7, 8, 9, 10, 11], FieldIndex.of(["k", "v"]), rng=random.Random(0))
@@ -240,14 +245,6 @@ def test_repeated_reads_as_the_sequence_it_stands_for() -> None:
 def test_repeated_parents_under_batch_granularity_cost_one_group_per_lane_and_mixed_ones_fall_back() -> None:
     """Parents of one ack group: one lane group under it, whatever the number of values; parents
     of two groups: each values joins a group under its own parent, as a plain list would."""
-    import random
-    from topo.api import FieldIndex, Origin, WireTuple
-    from topo.groupings import Router
-    from runtime.local.acker import Acker, new_group
-    from runtime.local.collectors import BoltCollector
-    from runtime.local.outbox import Outbox, StreamRoutes
-    from runtime.local.queue import ByteQueue
-    from runtime.observe.stats import TaskStats
 
     def fan(parents: list[WireTuple], counts: list[int]) -> Outbox:
         outbox = Outbox("fan", 2, {"default": StreamRoutes(FieldIndex.of(["n"]), [Router([7], lambda v: 0)])},

@@ -69,8 +69,6 @@ def test_a_remote_queue_refuses_what_it_cannot_pack_or_what_is_over_its_bound() 
     assert len(link.frames) == 1 and link.frames[0][2] == q.bytes
 
 
-
-
 def _split_task(select: Any) -> tuple[Outbox, BoltCollector, ByteQueue, _Link]:
     """A split task under batch granularity whose word stream goes to task 7 in this worker
     and task 8 in another (``select``: the index), with the queue and link of each."""
@@ -88,12 +86,12 @@ def _sentence(anchors: dict[int, int], born: float) -> WireTuple:
     return WireTuple((["s"], Origin(FieldIndex.of(["sentence"]), "default", "sentences", 1), anchors, born,
                       new_group()))
 
+
 def test_per_tuple_emits_towards_another_worker_travel_as_runs_and_arrive_as_sent() -> None:
     """Under batch granularity an auto-anchored bolt's single emits into a lane towards another
     worker are kept as runs of values (no tuple object per emit); the batch is packed whole, one
     wire group per ack group, and arrives with every tuple's values, anchors and born and one
     ack cell per group; the local lane beside it keeps tuple objects."""
-
     outbox, collector, local, link = _split_task(lambda values: 0 if values[0] < "m" else 1)
     parents = [_sentence({11: 0x71}, 1.5), _sentence({12: 0x72}, 2.5)]
     words = [["zebra", "apple", "moon", "yak"], ["night", "bee", "owl"]]
@@ -142,11 +140,9 @@ def test_a_lane_extends_its_last_run_only_with_values_that_share_everything_else
     assert [t.values[0] for t in lane.take()] == list("abcdefg")
 
 
-
 def test_an_unencodable_value_emitted_towards_another_worker_is_named_at_the_flush() -> None:
     """A run that cannot be packed is sized value by value, as any batch: the error names
     the component, the stream and the field."""
-
     outbox, collector, _, link = _split_task(lambda values: 1)
     collector.current = _sentence({11: 1}, 1.5)
     collector.emit(["fine"])

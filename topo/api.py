@@ -261,11 +261,10 @@ class Repeated(_SequenceABC):  # type: ignore[type-arg]
             raise ValueError(f"Repeated: {len(self.items)} items and {len(self.counts)} counts (one count per item)")
         if self.counts and min(self.counts) < 0:
             raise ValueError(f"Repeated: a count is negative ({min(self.counts)})")
-        self._ends: list[int] | None = None
+        self._ends = list(accumulate(self.counts))      # the index one past each item's last repeat
 
     def __len__(self) -> int:
-        ends = self._ends
-        return ends[-1] if ends else sum(self.counts)
+        return self._ends[-1] if self._ends else 0
 
     def __iter__(self) -> Iterator[Any]:
         return chain.from_iterable(map(repeat, self.items, self.counts))
@@ -278,9 +277,7 @@ class Repeated(_SequenceABC):  # type: ignore[type-arg]
     def __getitem__(self, i: int | slice) -> Any:
         if isinstance(i, slice):
             return list(self)[i]
-        if self._ends is None:
-            self._ends = list(accumulate(self.counts))
-        n = self._ends[-1] if self._ends else 0
+        n = len(self)
         if i < 0:
             i += n
         if not 0 <= i < n:
