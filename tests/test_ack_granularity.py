@@ -5,6 +5,7 @@ batch, nothing is lost, in one process and across worker processes."""
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 from collections import Counter
@@ -18,11 +19,16 @@ from topo.api import Bolt, EmitError, EndOfStream, FieldIndex, Origin, Spout, Tu
 from topo.config import ConfigError, resolve
 from topo.examples.wordcount import (BatchFinalCountBolt, BatchSplitBolt, FinalCountBolt, SentenceSpout,
                                      SplitBolt, expected_counts)
+from topo.groupings import Router
 from topo.sinks import read_table
 from topo.topology import TopologyBuilder
 from runtime.local.acker import Acker, AckGroup, new_group
+from runtime.local.collectors import BoltCollector
 from runtime.local.engine import run
+from runtime.local.outbox import Outbox, StreamRoutes
+from runtime.local.queue import ByteQueue
 from runtime.local.transport import TupleCodec
+from runtime.observe.stats import TaskStats
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCHES = {"acking": True, "acking.granularity": "batch", "backpressure.policy": "none"}
@@ -98,6 +104,69 @@ def test_ack_batch_counts_a_group_split_into_stretches_once_and_mixes_in_own_edg
     assert (g1[1], g2[1]) == (1, 1) and acker.ledger[1][0] == 0x11 and acker.ledger[2][0] == 0x22
     acker.ack_batch([_tup(a2, g2), _tup(a1, g1)])
     assert sorted(seen) == [(1, True, ""), (2, True, ""), (3, True, ""), (4, True, "")] and not acker.ledger
+
+
+def test_ack_batch_of_own_edges_acks_each_root_forwards_other_workers_roots_and_skips_gone_ones() -> None:
+    """Tuple granularity: each tuple's edge and its children's XOR go into every root it is
+    anchored to; a root of another worker is forwarded, a root of this worker that is gone
+    (failed or timed out) is skipped; a group's tuple in the same batch is counted."""
+    seen, owner = _outcomes()
+    forwarded: list[tuple[int, int]] = []
+    acker = Acker(30.0, worker=1, forward_ack=lambda root, xor: forwarded.append((root, xor)))
+    a, b, c = 0x101, 0x201, 0x401            # this worker's roots (low byte 1)
+    acker.open(a, 0x5 ^ 0x9, owner, 0.0)
+    acker.open(b, 0x5, owner, 0.0)
+    acker.open(c, 0x3, owner, 0.0)
+    g = new_group()
+    g[1] = 1
+    acker.ack_batch([_tup({a: 0x5, b: 0x5}, [0x30]),      # two roots, one child edge 0x30
+                     _tup({a: 0x9}, [0]),
+                     _tup({0x102: 0x7}, [0x8]),           # a root of worker 2
+                     _tup({0x301: 0x4}, [0]),             # a root of this worker already gone
+                     _tup(None, None),
+                     _tup({c: 0x3}, g)])                  # the last tuple of a group
+    assert seen == [(c, True, "")]
+    assert acker.ledger[a][0] == 0x30 and acker.ledger[b][0] == 0x30
+    assert forwarded == [(0x102, 0x7 ^ 0x8)]
+    acker.ack_batch([_tup({a: 0x30, b: 0x30}, [0])])      # the child
+    assert sorted(seen) == [(a, True, ""), (b, True, ""), (c, True, "")] and not acker.ledger
+
+
+def test_an_auto_anchored_emit_under_tuple_granularity_gives_each_tuple_its_own_edge_on_every_root() -> None:
+    """A bolt's emit anchored to the input it executes: one new edge per tuple, on each root
+    of its parent, XORed into the parent's cell; acking the parent, then the children,
+    completes both trees. The other emits (named anchors, another stream, a wrong field
+    count) keep their rules."""
+    seen, owner = _outcomes()
+    acker = Acker(30.0)
+    lanes = {7: ByteQueue(1 << 20), 8: ByteQueue(1 << 20)}
+    outbox = Outbox("split", 3, {"default": StreamRoutes(FieldIndex.of(["word"]),
+                                                         [Router([7, 8], lambda values: len(values[0]) % 2)])},
+                    lanes, 10_000, 1.0)
+    collector = BoltCollector(outbox, acker=acker, stats=TaskStats("t", "split", 3, False), auto_anchor=True,
+                              getrandbits=random.Random(5).getrandbits, batches=False)
+    parent = WireTuple((["a bb"], Origin(FieldIndex.of(["sentence"]), "default", "sentences", 1),
+                        {11: 0x71, 12: 0x72}, 1.5, [0]))
+    acker.open(11, 0x71, owner, 0.0)
+    acker.open(12, 0x72, owner, 0.0)
+    collector.current = parent
+    collector.emit(["a"])
+    collector.emit(["bb"])
+    collector.emit(["cc"], anchors=parent)                # named: the general path, the same rule
+    sent = [t for target in (7, 8) for t in outbox.lanes[target].batch]
+    assert [t.values for t in sent] == [["bb"], ["cc"], ["a"]] and collector.emitted == 3
+    edges = [t.anchors[11] for t in sent]
+    assert all(list(t.anchors) == [11, 12] and t.anchors[12] == t.anchors[11] for t in sent)
+    assert len(set(edges)) == 3 and 0 not in edges and all(t.born == 1.5 and t.ackcell == [0] for t in sent)
+    assert parent.ackcell[0] == edges[0] ^ edges[1] ^ edges[2]
+    with pytest.raises(EmitError, match="'word'"):
+        collector.emit(["x", "y"])
+    with pytest.raises(EmitError, match="'nowhere'"):
+        collector.emit(["x"], "nowhere")
+    acker.ack_batch([parent])
+    assert seen == []
+    acker.ack_batch(sent)
+    assert sorted(seen) == [(11, True, ""), (12, True, "")] and not acker.ledger
 
 
 def test_ack_group_compares_by_identity() -> None:

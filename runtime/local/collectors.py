@@ -371,19 +371,22 @@ class BoltCollector:
 
             return emit_unsubscribed
         single = self._outbox.single_route(DEFAULT_STREAM)
-        if not batches or single is None or not auto:
+        if single is None or not auto:
             return emit
         origin, nfields, lanes, select, only = single
         arity_error = self._outbox.arity_error
         outbox = self._outbox
+        fromkeys = dict.fromkeys
         # Towards another worker a lane keeps its tuples as runs of values (no tuple object per
-        # emit): its queue packs them whole. Only where no router can retarget the lane
-        # (autoscaling and send windows read single tuples).
-        runs_ok = outbox.streams[DEFAULT_STREAM].routers[0].retarget is None
+        # emit): its queue packs them whole. Only under batch granularity and where no router
+        # can retarget the lane (autoscaling and send windows read single tuples).
+        runs_ok = batches and outbox.streams[DEFAULT_STREAM].routers[0].retarget is None
 
         def emit_inlined(values: Sequence[Any], stream: str = DEFAULT_STREAM,
                          anchors: Tuple | Sequence[Tuple] | None = None) -> None:
-            """Batch granularity's common case inlined: default stream, one subscriber, auto-anchored."""
+            """The common case inlined: default stream, one subscriber, auto-anchored. Per tuple
+            its own edge, XORed into its parent's cell; under batch granularity it joins its
+            lane's ack group under that parent."""
             if anchors is None and stream == DEFAULT_STREAM:
                 cur = collector.current
                 if cur is not None:
@@ -392,15 +395,20 @@ class BoltCollector:
                         if len(values) != nfields:
                             raise arity_error(values, DEFAULT_STREAM)
                         lane = only or lanes[select(values)]
-                        g = lane.group
-                        parent = cur.ackcell
-                        if g is None or lane.group_parent is not parent:
-                            g = lane.open_group(parent, roots, getrandbits)
-                        g[1] += 1
-                        if runs_ok and not lane.sized_at_emit:
-                            lane.add_one(values, origin, lane.group_anchors, cur.born, g)
+                        if not batches:
+                            edge = getrandbits(64) or 1
+                            lane.batch.append(WireTuple((values, origin, fromkeys(roots, edge), cur.born, [0])))
+                            cur.ackcell[0] ^= edge
                         else:
-                            lane.batch.append(WireTuple((values, origin, lane.group_anchors, cur.born, g)))
+                            g = lane.group
+                            parent = cur.ackcell
+                            if g is None or lane.group_parent is not parent:
+                                g = lane.open_group(parent, roots, getrandbits)
+                            g[1] += 1
+                            if runs_ok and not lane.sized_at_emit:
+                                lane.add_one(values, origin, lane.group_anchors, cur.born, g)
+                            else:
+                                lane.batch.append(WireTuple((values, origin, lane.group_anchors, cur.born, g)))
                         outbox.pending_count += 1
                         collector.emitted += 1
                         return
