@@ -371,6 +371,39 @@ def test_one_failed_grandchild_replays_its_whole_spout_batch_and_nothing_is_lost
     assert res.component_totals()["nums"]["replayed"] == len(failed)
 
 
+class Cells(FailOnce):
+    """``FailOnce`` that records whether each input came in an ack group (a shared edge)."""
+
+    def __init__(self, bad: int, seen: Counter[int], grouped: list[bool]) -> None:
+        super().__init__(bad, seen)
+        self.grouped = grouped
+
+    def execute(self, tup: Tuple) -> None:
+        self.grouped.append(isinstance(tup.ackcell, AckGroup))    # type: ignore[attr-defined]
+        super().execute(tup)
+
+
+@pytest.mark.parametrize("policy", ["none", "window"])
+def test_under_tuple_granularity_one_failed_grandchild_replays_only_its_own_spout_tuple(policy: str) -> None:
+    """A tree per spout tuple, whatever carries the edges: a bolt's two children of one input
+    share one ack group (not under send windows, which ack tuple by tuple), and a failure of
+    one of them fails and replays that spout tuple alone."""
+    seen: Counter[int] = Counter()
+    grouped: list[bool] = []
+    spout = Numbers(400)
+    b = TopologyBuilder("tuple-fail", {"acking": True, "acking.granularity": "tuple", "backpressure.policy": policy})
+    b.spout("nums", lambda: spout)
+    b.bolt("twice", Twice()).shuffle("nums")
+    b.bolt("leaf", lambda: Cells(bad=1731, seen=seen, grouped=grouped)).global_("twice")
+    res = run(b.build())
+    assert spout.failed == [173]
+    assert sorted(spout.acked) == list(range(400))
+    assert set(seen) == {n * 10 + i for n in range(400) for i in (0, 1)}   # nothing lost
+    assert seen[1730] == 2 and seen[1731] == 1 and seen[1740] == 1          # only 173 replayed
+    assert res.component_totals()["nums"]["replayed"] == 1
+    assert len(grouped) == 802 and all(grouped) == (policy == "none") and any(grouped) == (policy == "none")
+
+
 class DropOnce(Bolt):
     """Acks by hand and never acks ``bad`` the first time (a lost tuple: only the timeout sees it)."""
 

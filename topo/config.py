@@ -208,7 +208,7 @@ def _port(v: Any) -> str | None:
 SETTINGS: tuple[Setting, ...] = (
     Setting("engine", "local", _str, "which engine runs the topology", choices=("local", "spark")),
     Setting("acking", False, _bool, "track every spout tuple's tree (at-least-once, Storm's XOR acker)"),
-    Setting("acking.granularity", "tuple", _str, "what one ack covers: tuple (Storm: each tuple's own edge, a failure replays that spout tuple) or batch (Trident: each spout batch one tree, each group of tuples one edge, a failure replays the whole batch; far cheaper)", choices=("tuple", "batch")),
+    Setting("acking.granularity", "tuple", _str, "what one ack covers: tuple (Storm: each spout tuple one tree, a failure replays that spout tuple) or batch (Trident: each spout batch one tree, each group of tuples one edge, a failure replays the whole batch; far cheaper)", choices=("tuple", "batch")),
     Setting("message_timeout_s", 30.0, _float, "a tracked tuple not fully acked within this fails and is replayed", check=_between(0, DAY_S, above=True)),
     Setting("max_retries", 3, _int, "replays of one spout tuple before it goes to the dead-letter file", check=_between(0, 1000)),
     Setting("max_spout_pending", 10000, _int, "tracked tuples in flight per spout task before next_tuple pauses", check=_between(1, 1_000_000)),

@@ -14,14 +14,15 @@ locals). Each root records its owner as a callback (the owning spout task's
 ``on_outcome``), told of the completion or failure; ``expire`` fails roots older
 than the message timeout.
 
-Granularity (``acking.granularity``). With ``tuple`` (Storm's) every edge is one tuple
-sent to one task, with its own random id. With ``batch`` (Trident's) an edge is an
-``AckGroup``: the tuples one emitting task sent to one target under the same parent
-between two flushes share one id, and the target acks that id once, when the last of
-them is processed (a count, not a ledger update, per tuple). A spout's root is then
-every tracked tuple of one spout batch; a failure anywhere replays the whole batch.
-The ledger's rule is unchanged (the XOR of the ids created and not yet acked), so the
-two kinds of edge mix in one tree.
+Granularity (``acking.granularity``). An edge is one tuple sent to one task, with its
+own random id, or an ``AckGroup``: the tuples one emitting task sent to one target under
+the same parent between two flushes share one id, and the target acks that id once, when
+the last of them is processed (a count, not a ledger update, per tuple). With ``tuple``
+(Storm's) a root is one spout tuple; its own edge is a tuple's, and a bolt's tuples go
+in groups unless they are read one by one on the way (``bolt_groups_edges`` in
+``tasks.py``). With ``batch`` (Trident's) a root is every tracked tuple of one spout
+batch, and a failure anywhere replays the whole batch. The ledger's rule is unchanged
+(the XOR of the ids created and not yet acked), so the two kinds of edge mix in one tree.
 """
 from __future__ import annotations
 

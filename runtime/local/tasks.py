@@ -58,6 +58,19 @@ def batch_granularity(config: Any) -> bool:
     return config.get("acking.granularity", "tuple") == "batch"
 
 
+def bolt_groups_edges(config: Any, outbox: Outbox) -> bool:
+    """Whether a bolt's tracked tuples to one task under one parent share an edge (an ack
+    group). Always under batch granularity. Under tuple granularity too, where nothing reads
+    its tuples one by one: the trees stay one per spout tuple, so which spout tuples a
+    failure replays does not change, and a group's tuples cost a count, not an edge id, an
+    anchors dict and a ledger update each. Not where a router can retarget (a rescale re-sends
+    held tuples one by one, by key) nor under send windows (which ack and re-send tuple by tuple)."""
+    if batch_granularity(config):
+        return True
+    return config.get("backpressure.policy") != "window" and all(
+        r.retarget is None for routes in outbox.streams.values() for r in routes.routers)
+
+
 class Rollback(Exception):
     """A tuple failed or timed out while checkpoints are on: the run goes back to the last
     checkpoint (replaying one tuple into stateful bolts would count it twice)."""
@@ -499,7 +512,8 @@ class BoltTask(_TaskBase):
         self.auto_ack = bool(getattr(bolt, "auto_ack", True))
         self.collector = BoltCollector(self.outbox, acker=self.acker, stats=self.stats,
                                        auto_anchor=self.auto_ack, getrandbits=self.rng.getrandbits,
-                                       batches=self.acker is not None and batch_granularity(self.context.config))
+                                       batches=self.acker is not None
+                                       and bolt_groups_edges(self.context.config, self.outbox))
         self.waiting = False   # parked on an empty queue with nothing pending (drain check)
         self.tick_interval_s: float | None = getattr(bolt, "tick_interval_s", None)
         self.last_tick = time.monotonic()
