@@ -323,8 +323,9 @@ class BoltCollector:
 
     def _one_parent_emit(self, batches: bool) -> Callable[..., None]:
         """Tracked emit with the common case first: anchored to one parent (the input being
-        executed, or one named). Per tuple its own edge; under batch granularity it joins its
-        lane's ack group under that parent. Several parents: the general path."""
+        executed, or one named). It joins its lane's ack group under that parent where this
+        bolt groups its edges (``batches``), else gets its own edge. Several parents: the
+        general path."""
         collector = self
         emits = self._outbox.grouped if batches else self._outbox.tracked
         getrandbits = self._getrandbits
@@ -378,15 +379,16 @@ class BoltCollector:
         outbox = self._outbox
         fromkeys = dict.fromkeys
         # Towards another worker a lane keeps its tuples as runs of values (no tuple object per
-        # emit): its queue packs them whole. Only under batch granularity and where no router
+        # emit): its queue packs them whole. Only where this bolt groups its edges and no router
         # can retarget the lane (autoscaling and send windows read single tuples).
         runs_ok = batches and outbox.streams[DEFAULT_STREAM].routers[0].retarget is None
 
         def emit_inlined(values: Sequence[Any], stream: str = DEFAULT_STREAM,
                          anchors: Tuple | Sequence[Tuple] | None = None) -> None:
-            """The common case inlined: default stream, one subscriber, auto-anchored. Per tuple
-            its own edge, XORed into its parent's cell; under batch granularity it joins its
-            lane's ack group under that parent."""
+            """The common case inlined: default stream, one subscriber, auto-anchored. The
+            tuple joins its lane's ack group under its parent where this bolt groups its edges
+            (``batches``: ``tasks.bolt_groups_edges``), else gets its own edge, XORed into its
+            parent's cell."""
             if anchors is None and stream == DEFAULT_STREAM:
                 cur = collector.current
                 if cur is not None:
@@ -419,8 +421,10 @@ class BoltCollector:
     def _emit_many_grouped(self, values_list: Sequence[Sequence[Any]], stream: str = DEFAULT_STREAM,
                            anchors: Tuple | Sequence[Tuple] | None = None,
                            anchor_each: Sequence[Tuple] | None = None) -> None:
-        """Batch granularity's ``emit_many``: parents that all share one ack cell (one
-        input, or inputs of one group: the usual batch) cost one group per lane."""
+        """The grouped ``emit_many`` (every bolt under batch granularity; under tuple
+        granularity where ``tasks.bolt_groups_edges`` says so): parents that all share one
+        ack cell (one input, or inputs of one group: the usual batch) cost one group per
+        lane; parents of several cells, one group per parent and lane."""
         if anchor_each is not None:
             if len(anchor_each) != len(values_list):
                 raise count_mismatch_error(self._outbox.component, values_list, anchor_each, "anchor_each tuples")
