@@ -158,29 +158,17 @@ class Acker:
                         if tup.anchors:
                             ack_tuple(tup.anchors, tup.ackcell)
             return
-        # Tuple granularity: each tuple's own edge, acked inline (``ack`` without its two calls
-        # a tuple); a tuple of a group (mixed into the batch) goes through ``ack_tuple``.
-        ack_tuple = self.ack_tuple
-        get = self.ledger.get
-        complete = self.complete
-        forward, tag = self.forward_ack, self.root_tag
+        # Tuple granularity: each tuple's own edge (``ack`` direct, without ``ack_tuple``'s
+        # call); a tuple of a group (mixed into the batch) goes through ``ack_tuple``.
+        ack, ack_tuple = self.ack, self.ack_tuple
         for tup in tuples:
             anchors = tup.anchors
             if anchors:
                 cell = tup.ackcell
-                if len(cell) != 1:
+                if len(cell) == 1:
+                    ack(anchors, cell[0])
+                else:
                     ack_tuple(anchors, cell)
-                    continue
-                value = cell[0]
-                for root, edge in anchors.items():
-                    e = get(root)
-                    if e is not None:
-                        x = e[XOR] ^ edge ^ value
-                        e[XOR] = x
-                        if not x:
-                            complete(root, e)
-                    elif forward is not None and root & 0xFF != tag:
-                        forward(root, edge ^ value)
 
     def _ack_runs(self, batch: TupleBatch) -> None:
         """``ack_batch`` of a batch kept as runs: a run's tuples share one ack group (or are
