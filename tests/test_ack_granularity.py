@@ -4,6 +4,7 @@ acked exactly once when its batch's tree completes, a failure or a timeout repla
 batch, nothing is lost, in one process and across worker processes."""
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import subprocess
@@ -22,8 +23,8 @@ from topo.examples.wordcount import (BatchFinalCountBolt, BatchSplitBolt, FinalC
 from topo.groupings import Router
 from topo.sinks import read_table
 from topo.topology import TopologyBuilder
-from runtime.local.acker import Acker, AckGroup, new_group
-from runtime.local.collectors import BoltCollector
+from runtime.local.acker import GROUP_CELL, Acker, new_group
+from runtime.local.collectors import BoltCollector, SpoutCollector
 from runtime.local.engine import run
 from runtime.local.outbox import Outbox, StreamRoutes
 from runtime.local.queue import ByteQueue
@@ -48,7 +49,7 @@ def _tup(anchors: dict[int, int] | None, cell: list[int] | None) -> WireTuple:
 def test_a_group_is_acked_once_when_its_last_tuple_is_processed() -> None:
     seen, owner = _outcomes()
     acker = Acker(30.0)
-    g = new_group()
+    g = new_group(0x51)
     g[1] = 3                                  # three tuples share edge 0x5
     acker.open(7, 0x5, owner, 0.0)
     anchors = {7: 0x5}
@@ -62,7 +63,7 @@ def test_a_group_is_acked_once_when_its_last_tuple_is_processed() -> None:
 def test_ack_batch_of_one_group_and_of_mixed_cells_agree_with_the_ledger_rule() -> None:
     seen, owner = _outcomes()
     acker = Acker(30.0)
-    g = new_group()
+    g = new_group(0x51)
     g[0], g[1] = 0x30, 2                      # its tuples emitted one child edge 0x30
     child = [0]
     acker.open(9, 0x3, owner, 0.0)            # root 9: group edge 0x3
@@ -75,7 +76,7 @@ def test_ack_batch_of_one_group_and_of_mixed_cells_agree_with_the_ledger_rule() 
 def test_ack_batch_of_several_groups_counts_each_group_and_acks_the_one_it_completes() -> None:
     seen, owner = _outcomes()
     acker = Acker(30.0)
-    g1, g2 = new_group(), new_group()
+    g1, g2 = new_group(0x61), new_group(0x62)
     g1[0], g1[1] = 0, 2                       # both of its tuples in this batch: complete here
     g2[0], g2[1] = 0, 4                       # two of its four: still open after it
     acker.open(9, 0x3, owner, 0.0)
@@ -91,7 +92,7 @@ def test_ack_batch_counts_a_group_split_into_stretches_once_and_mixes_in_own_edg
     edges and untracked ones: every group counted once in all, acked when its count ends."""
     seen, owner = _outcomes()
     acker = Acker(30.0)
-    g1, g2 = new_group(), new_group()
+    g1, g2 = new_group(0x61), new_group(0x62)
     g1[0], g1[1] = 0, 3
     g2[0], g2[1] = 0, 3
     own1, own2 = [0], [0]
@@ -117,7 +118,7 @@ def test_ack_batch_of_own_edges_acks_each_root_forwards_other_workers_roots_and_
     acker.open(a, 0x5 ^ 0x9, owner, 0.0)
     acker.open(b, 0x5, owner, 0.0)
     acker.open(c, 0x3, owner, 0.0)
-    g = new_group()
+    g = new_group(0x51)
     g[1] = 1
     acker.ack_batch([_tup({a: 0x5, b: 0x5}, [0x30]),      # two roots, one child edge 0x30
                      _tup({a: 0x9}, [0]),
@@ -130,6 +131,34 @@ def test_ack_batch_of_own_edges_acks_each_root_forwards_other_workers_roots_and_
     assert forwarded == [(0x102, 0x7 ^ 0x8)]
     acker.ack_batch([_tup({a: 0x30, b: 0x30}, [0])])      # the child
     assert sorted(seen) == [(a, True, ""), (b, True, ""), (c, True, "")] and not acker.ledger
+
+
+def test_ack_batch_of_own_edges_only_updates_the_ledgers_as_acking_each_tuple_does() -> None:
+    """A batch every tuple of which has an edge of its own (a bolt's input at tuple
+    granularity) is acked in one pass: the same ledgers, completions and forwards as
+    ``ack_tuple`` of each tuple, in any order."""
+    rng = random.Random(11)
+    results = []
+    for one_by_one in (False, True):
+        seen, owner = _outcomes()
+        forwarded: list[tuple[int, int]] = []
+        acker = Acker(30.0, worker=1, forward_ack=lambda root, xor: forwarded.append((root, xor)))
+        roots = [0x100 * i + 1 for i in range(1, 41)]
+        edges = {r: rng.getrandbits(64) or 1 for r in roots}
+        for r in roots:
+            acker.open(r, edges[r], owner, 0.0)
+        batch = [_tup({r: edges[r]}, [0 if i % 3 else rng.getrandbits(64)]) for i, r in enumerate(roots)]
+        batch += [_tup({roots[0]: 0x5, roots[3]: 0x5}, [0x9]), _tup({0x302: 0x4}, [0x8]), _tup({0x9901: 1}, [0])]
+        rng.shuffle(batch)
+        if one_by_one:
+            for t in batch:
+                acker.ack_tuple(t.anchors, t.ackcell)
+        else:
+            acker.ack_batch(batch)
+        results.append((sorted(seen), {r: e[0] for r, e in acker.ledger.items()}, forwarded))
+        rng = random.Random(11)
+    assert results[0] == results[1]
+    assert len(results[0][0]) == 26 and results[0][2] == [(0x302, 0x4 ^ 0x8)]     # 2 of 3 have no child
 
 
 def test_an_auto_anchored_emit_under_tuple_granularity_gives_each_tuple_its_own_edge_on_every_root() -> None:
@@ -169,17 +198,109 @@ def test_an_auto_anchored_emit_under_tuple_granularity_gives_each_tuple_its_own_
     assert sorted(seen) == [(11, True, ""), (12, True, "")] and not acker.ledger
 
 
-def test_ack_group_compares_by_identity() -> None:
-    """(``ack_batch`` and ``emit_many`` find one group's tuples with ``list.count``.)"""
-    a, b = new_group(), new_group()
-    assert isinstance(a, AckGroup) and a != b and a == a and {a: 1, b: 2}[b] == 2
-    assert a != [0, 0] and [0, 0] != a and not a == [0, 0]     # not by contents, either side
+def _split_outbox(batches: bool, acker: Acker) -> tuple[Outbox, BoltCollector]:
+    """A bolt task (3) whose default stream goes to task 7 or 8 by the word's length."""
+    lanes = {7: ByteQueue(1 << 20), 8: ByteQueue(1 << 20)}
+    outbox = Outbox("split", 3, {"default": StreamRoutes(FieldIndex.of(["word"]),
+                                                         [Router([7, 8], lambda values: len(values[0]) % 2)])},
+                    lanes, 10_000, 1.0)
+    collector = BoltCollector(outbox, acker=acker, stats=TaskStats("t", "split", 3, False), auto_anchor=True,
+                              getrandbits=random.Random(5).getrandbits, batches=batches)
+    return outbox, collector
+
+
+def test_grouped_emits_share_one_group_per_input_and_lane_and_a_new_one_after_a_switch_or_a_flush() -> None:
+    """Where a bolt groups its edges, an input's auto-anchored emits to one lane share one ack
+    group; another input's emit between them, or a flush, starts a new group (each group's
+    edge XORed into its parent's cell once); every tuple carries its group's anchors and its
+    parent's birth. With no input being executed the emit is untracked. Acking the parents,
+    then the children, completes both trees."""
+    seen, owner = _outcomes()
+    acker = Acker(30.0)
+    outbox, collector = _split_outbox(True, acker)
+    origin = Origin(FieldIndex.of(["sentence"]), "default", "sentences", 1)
+    a = WireTuple((["a"], origin, {11: 0x71}, 1.5, [0]))
+    b = WireTuple((["b"], origin, {12: 0x72}, 2.5, [0]))
+    acker.open(11, 0x71, owner, 0.0)
+    acker.open(12, 0x72, owner, 0.0)
+    emit = collector.emit
+    collector.current = a
+    emit(["x"]), emit(["yy"]), emit(["zz"])              # lane 8, lane 7, lane 7
+    collector.current = b
+    emit(["bb"])                                         # lane 7: b's group
+    collector.current = a
+    emit(["ww"])                                         # lane 7 again: a's second group there
+    seven, eight = outbox.lanes[7].batch, outbox.lanes[8].batch
+    assert [t.values for t in seven] == [["yy"], ["zz"], ["bb"], ["ww"]] and [t.values for t in eight] == [["x"]]
+    cells = [t.ackcell for t in seven]
+    assert cells[0] is cells[1] and len({id(c) for c in cells[1:]}) == 3 and cells[0][1] == 2
+    assert [len(c) for c in cells] == [GROUP_CELL] * 4 and cells[2][1] == cells[3][1] == eight[0].ackcell[1] == 1
+    groups_of_a = [cells[0], cells[3], eight[0].ackcell]
+    assert a.ackcell[0] == groups_of_a[0][2] ^ groups_of_a[1][2] ^ groups_of_a[2][2]
+    assert b.ackcell[0] == cells[2][2]
+    assert [t.anchors for t in seven] == [{11: cells[0][2]}] * 2 + [{12: cells[2][2]}, {11: cells[3][2]}]
+    assert [t.born for t in seven] == [1.5, 1.5, 2.5, 1.5]
+    asyncio.run(outbox.flush())                          # the lanes' groups end with the flush
+    emit(["vv"])                                         # a, after the flush: a new group
+    after = outbox.lanes[7].batch[0]
+    assert after.ackcell not in cells and after.ackcell[1] == 1 and a.ackcell[0] == (
+        groups_of_a[0][2] ^ groups_of_a[1][2] ^ groups_of_a[2][2] ^ after.ackcell[2])
+    collector.current = None
+    emit(["uu"])                                         # no input: untracked
+    assert outbox.lanes[7].batch[1].anchors is None and collector.emitted == 7
+    sent = [t for q in (7, 8) for t in outbox.queues[q].get_nowait()[0]] + outbox.lanes[7].batch
+    acker.ack_batch([a, b])
+    assert seen == []
+    acker.ack_batch(sent)
+    assert sorted(seen) == [(11, True, ""), (12, True, "")] and not acker.ledger
+
+
+def test_a_spouts_tracked_emit_opens_its_root_as_open_does_and_keeps_it_for_replay() -> None:
+    """A spout's tracked emit on its default stream (one subscriber): one tuple with its own
+    edge on a new root, the root's ledger entry as ``Acker.open`` writes it, the values kept
+    in ``pending``; with worker processes the root's low byte names this worker. Without a
+    msg id the emit is untracked; another stream and a wrong field count keep their rules."""
+    seen, owner = _outcomes()
+    for worker, forward in ((0, None), (3, lambda root, xor: None)):
+        acker = Acker(30.0, worker=worker, forward_ack=forward)
+        queues = {7: ByteQueue(1 << 20), 9: ByteQueue(1 << 20)}
+        outbox = Outbox("sentences", 1, {"default": StreamRoutes(FieldIndex.of(["sentence"]), [Router([7], lambda values: 0)]),
+                                         "other": StreamRoutes(FieldIndex.of(["n"]), [Router([9], lambda values: 0)])},
+                        queues, 10_000, 1.0)
+        pending: dict[int, Any] = {}
+        collector = SpoutCollector(outbox, acker=acker, pending=pending, on_outcome=owner,
+                                   getrandbits=random.Random(7).getrandbits, untracked_acks=None)
+        collector.emit(["s one"], msg_id="m1")
+        collector.emit(["s two"])                          # no msg id: untracked
+        collector.emit([5], "other", msg_id="m2")
+        with pytest.raises(EmitError, match="'sentence'"):
+            collector.emit(["a", "b"], msg_id="m3")
+        one, untracked = outbox.lanes[7].batch
+        other = outbox.lanes[9].batch[0]
+        root = next(iter(one.anchors))
+        assert list(pending) == [root, next(iter(other.anchors))] and pending[root][:4] == ("m1", ["s one"], "default", 0)
+        assert acker.ledger[root] == [one.anchors[root], owner, one.born + 30.0] and one.ackcell == [0]
+        assert one.born == pending[root][4] and untracked.anchors is None and collector.emitted == 4
+        assert all(r & 0xFF == worker for r in pending) if forward else len(acker.ledger) == 2
+        acker.ack_batch([one, other])
+        assert not acker.ledger and sorted(seen[-2:]) == sorted([(r, True, "") for r in pending])
+
+
+def test_two_ack_groups_never_compare_equal_however_their_counts_stand() -> None:
+    """(``ack_batch`` and ``emit_many`` find one group's tuples with ``list.count``, which
+    tries identity and then equality: a group's edge id keeps two groups apart even when
+    their XOR and count are the same, as at a leaf, where nothing is anchored to them.)"""
+    a, b = new_group(0x71), new_group(0x72)
+    assert a[:2] == b[:2] == [0, 0] and a != b and a == a
+    assert len(a) == GROUP_CELL and a != [0] and a != [0, 0]       # not a per-tuple cell
     assert [a, b, [0, 0], [0], None, a].count(a) == 2
+    b[1] = a[1] = 3
+    assert [b, a, b, a].count(a) == 2 and new_group(0x71, 3) == a    # (the edge, not the object)
 
 
 def test_a_group_received_in_two_batches_from_another_worker_shares_one_cell() -> None:
     codec = TupleCodec({"c": {"default": ("n",)}})
-    g = new_group()
+    g = new_group(0x51)
     g[1] = 3
     anchors = {11: 0x77}
     own = [0]
@@ -201,7 +322,7 @@ def test_a_batch_of_two_whole_groups_travels_as_two_groups_and_arrives_as_runs()
     once, and arrives without a tuple object or a cell per tuple."""
     from topo.api import TupleBatch
     codec = TupleCodec({"c": {"default": ("n",)}})
-    g1, g2 = new_group(), new_group()
+    g1, g2 = new_group(0x61), new_group(0x62)
     g1[1], g2[1] = 3, 2
     a1, a2 = {11: 0x71}, {12: 0x72}
     sent = [_tup(a1, g1), _tup(a1, g1), _tup(a1, g1), _tup(a2, g2), _tup(a2, g2)]
@@ -379,7 +500,7 @@ class Cells(FailOnce):
         self.grouped = grouped
 
     def execute(self, tup: Tuple) -> None:
-        self.grouped.append(isinstance(tup.ackcell, AckGroup))    # type: ignore[attr-defined]
+        self.grouped.append(len(tup.ackcell) == GROUP_CELL)    # type: ignore[arg-type]
         super().execute(tup)
 
 

@@ -255,12 +255,12 @@ def test_repeated_parents_under_batch_granularity_cost_one_group_per_lane_and_mi
         return outbox
 
     spout = Origin(FieldIndex.of(["n"]), "default", "nums", 1)
-    g = new_group()
+    g = new_group(0x51)
     one = [WireTuple(([k], spout, {5: 1}, 1.0, g)) for k in range(3)]
     lane = fan(one, [2, 0, 3]).lanes[7]
     (run_,) = lane.runs                                   # one run, one group of five values
     assert len(run_[0]) == 5 and run_[4][1] == 5 and g[0] == next(iter(run_[2].values()))
-    g1, g2 = new_group(), new_group()
+    g1, g2 = new_group(0x61), new_group(0x62)
     two = [WireTuple(([0], spout, {5: 1}, 1.0, g1)), WireTuple(([1], spout, {6: 1}, 1.0, g2))]
     lane = fan(two, [2, 3]).lanes[7]
     cells = [t.ackcell for t in lane.take()]

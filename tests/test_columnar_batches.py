@@ -110,7 +110,7 @@ def test_acking_a_tuple_batch_counts_each_run_against_its_group() -> None:
     edge = 0x1234
     acker.open(99, edge, lambda root, ok, reason: outcomes.append((root, ok)), 0.0)
     origin = Origin(FIELDS, "default", "split", 3)
-    group = new_group()
+    group = new_group(0x52)
     group[1] = 5                                             # five tuples in the group, in two batches
     anchors = {99: edge}
     acker.ack_batch(TupleBatch([[[["a"], ["b"], ["c"]], origin, anchors, 0.0, group, 0]], 3))
@@ -168,7 +168,7 @@ def test_a_tuple_batch_crosses_to_another_worker_as_runs_of_the_same_size() -> N
     codec = TupleCodec({"split": {"default": ("word",)}})
     pack = msgpack.Packer(autoreset=True).pack
     origin = Origin(FIELDS, "default", "split", 3)
-    group = new_group()
+    group = new_group(0x52)
     group[1] = 2
     words = [f"w{i}" * (i % 40) for i in range(100)]
     batch = TupleBatch([[Columns(words), origin, None, 0.0, None, 0],

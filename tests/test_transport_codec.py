@@ -84,7 +84,7 @@ def _split_task(select: Any) -> tuple[Outbox, BoltCollector, ByteQueue, _Link]:
 def _sentence(anchors: dict[int, int], born: float) -> WireTuple:
     """An input of the split task: a spout tuple of its own ack group."""
     return WireTuple((["s"], Origin(FieldIndex.of(["sentence"]), "default", "sentences", 1), anchors, born,
-                      new_group()))
+                      new_group(0x53)))
 
 
 def test_per_tuple_emits_towards_another_worker_travel_as_runs_and_arrive_as_sent() -> None:
@@ -124,7 +124,7 @@ def test_per_tuple_emits_towards_another_worker_travel_as_runs_and_arrive_as_sen
 
 def test_a_lane_extends_its_last_run_only_with_values_that_share_everything_else() -> None:
     one, other = Origin(FIELDS, "default", "split", 3), Origin(FIELDS, "other", "split", 3)
-    g, h = new_group(), new_group()
+    g, h = new_group(0x81), new_group(0x82)
     lane = Lane(8)
     lane.add_one(["a", 1], one, {1: 5}, 1.0, g)
     lane.add_one(["b", 2], one, {1: 5}, 1.0, g)          # extends

@@ -8,14 +8,15 @@ it. The ledger is zero exactly when the whole tree is processed (with probabilit
 1 - 2**-64 per update), however the updates interleave, in constant memory per root.
 
 The acker is a plain object called by tasks on the same event loop (no acker task
-and no queue hop), and the only code that knows the ledger's format: a spout's
-emit ``open``s a root, a bolt's ack calls ``ack`` (the hot loops bind both as
-locals). Each root records its owner as a callback (the owning spout task's
+and no queue hop), and it owns the ledger's format: a spout's emit ``open``s a root
+(its common case, a root on the default stream, writes the entry inline, in
+``open``'s format: ``collectors.SpoutCollector``), a bolt's ack calls ``ack`` or, for
+a batch, ``ack_all`` (the hot loops bind them as locals). Each root records its owner as a callback (the owning spout task's
 ``on_outcome``), told of the completion or failure; ``expire`` fails roots older
 than the message timeout.
 
 Granularity (``acking.granularity``). An edge is one tuple sent to one task, with its
-own random id, or an ``AckGroup``: the tuples one emitting task sent to one target under
+own random id, or an ack group (``AckGroup``): the tuples one emitting task sent to one target under
 the same parent between two flushes share one id, and the target acks that id once, when
 the last of them is processed (a count, not a ledger update, per tuple). With ``tuple``
 (Storm's) a root is one spout tuple; its own edge is a tuple's, and a bolt's tuples go
@@ -27,8 +28,8 @@ batch, and a failure anywhere replays the whole batch. The ledger's rule is unch
 from __future__ import annotations
 
 from itertools import compress, count
-from operator import attrgetter, is_not
-from typing import Callable, Sequence
+from operator import attrgetter, is_not, itemgetter
+from typing import Callable, Iterable, Sequence
 
 from topo.api import Tuple, TupleBatch, run_tuples
 
@@ -38,36 +39,31 @@ Outcome = Callable[[int, bool, str], None]
 # A ledger entry is a 3-item list, [xor, owner, deadline]: a list is the cheapest
 # mutable record to make and update on the per-tuple path.
 XOR, OWNER, DEADLINE = 0, 1, 2
-_cell = attrgetter("ackcell")
+_cell, _anchors, _xor = attrgetter("ackcell"), attrgetter("anchors"), itemgetter(0)   # (a cell's xor)
 Entry = list
 
 
-class AckGroup(list):  # type: ignore[type-arg]
-    """The shared ack cell of a group of tuples (batch granularity): ``[xor, left]``, the
-    XOR of the ids of the edges anchored to any of them and how many are not yet
-    processed. A per-tuple cell is a plain one-item list ``[xor]``; both are read
-    through ``ack_tuple``. Compared and hashed by identity (one group, one object), so
-    ``list.count`` finds the tuples of one group at C speed: it tries identity first, and
-    a group is never equal to another group, a per-tuple cell (a shorter list) or None."""
-
-    __slots__ = ()
-    __hash__ = object.__hash__  # type: ignore[assignment]
-
-    def __eq__(self, other: object) -> bool:
-        return self is other
-
-    def __ne__(self, other: object) -> bool:
-        return self is not other
+# The shared ack cell of a group of tuples: ``[xor, left, edge]``, the XOR of the ids of
+# the edges anchored to any of them, how many are not yet processed, and the group's own
+# edge id. A per-tuple cell is a one-item list ``[xor]``; both are read through
+# ``ack_tuple``, told apart by their length. A plain list, so the per-emit count
+# (``g[1] += 1``) takes the interpreter's list fast path. The edge makes two groups'
+# cells unequal (with probability 1 - 2**-64, the ledger's own odds), so ``list.count``
+# finds the tuples of one group at C speed: it tries identity first, and a group is
+# never equal to another group, a per-tuple cell (a shorter list) or None.
+AckGroup = list
+GROUP_CELL = 3   # len() of a group's cell
 
 
-def new_group() -> AckGroup:
-    return AckGroup((0, 0))
+def new_group(edge: int, size: int = 0) -> AckGroup:
+    """The cell of a new ack group whose edge id is ``edge`` (of ``size`` tuples so far)."""
+    return [0, size, edge]
 
 
 def all_in_groups(cells: list[list[int] | None]) -> bool:
     """Whether every tuple of these ack cells belongs to an ack group (batch granularity):
     none untracked, none with an edge of its own. C-level scans."""
-    return None not in cells and set(map(len, cells)) == {2}  # type: ignore[arg-type]
+    return None not in cells and set(map(len, cells)) == {GROUP_CELL}  # type: ignore[arg-type]
 
 
 class Acker:
@@ -98,16 +94,22 @@ class Acker:
         """A tuple with ``anchors`` (root -> its edge) was processed; ``value`` is the XOR of
         the edges anchored to it (its children). A root already gone (failed or timed out)
         is skipped."""
-        get = self.ledger.get
-        for root, edge in anchors.items():
-            e = get(root)
-            if e is not None:
-                x = e[XOR] ^ edge ^ value
-                e[XOR] = x
-                if not x:
-                    self.complete(root, e)
-            elif self.forward_ack is not None and root & 0xFF != self.root_tag:
-                self.forward_ack(root, edge ^ value)
+        self.ack_all(((anchors, value),))
+
+    def ack_all(self, acks: Iterable[tuple[dict[int, int], int]]) -> None:
+        """``ack`` of each (anchors, value), in one loop: a batch's ledger updates in one call.
+        The ledger's rule commutes, so the order of the updates does not matter."""
+        ledger = self.ledger
+        for anchors, value in acks:
+            for root, edge in anchors.items():
+                e = ledger.get(root)
+                if e is not None:
+                    e[XOR] = x = e[XOR] ^ edge ^ value
+                    if not x:           # ``complete``, inlined: once per tree
+                        del ledger[root]
+                        e[OWNER](root, True, "")
+                elif self.forward_ack is not None and root & 0xFF != self.root_tag:
+                    self.forward_ack(root, edge ^ value)
 
     def ack_tuple(self, anchors: dict[int, int], cell: list[int]) -> None:
         """A tracked tuple was processed: its own edge acked at once, or its group's
@@ -129,12 +131,10 @@ class Acker:
         if type(tuples) is TupleBatch:
             return self._ack_runs(tuples)
         first = tuples[0].ackcell
-        if first is not None and len(first) == 2:
+        if first is not None and len(first) == 3:      # (GROUP_CELL: a literal on hot paths)
             # One count and at most one ledger update per stretch of tuples that share a
-            # cell, the stretches found by C-level identity maps (past the first cell that
-            # differs, ``list.count`` would call ``AckGroup.__eq__`` for every tuple of another
-            # group). A group split over several stretches is counted down by each and
-            # completes at its last.
+            # cell, the stretches found by C-level identity maps. A group split over several
+            # stretches is counted down by each and completes at its last.
             cells = list(map(_cell, tuples))
             if cells[-1] is first and cells.count(first) == len(cells):     # all of one group
                 left = first[1] - len(cells)
@@ -143,32 +143,33 @@ class Acker:
                     self.ack(tuples[0].anchors, first[0])  # type: ignore[arg-type]
                 return
             starts = [0, *compress(count(1), map(is_not, cells[1:], cells))]
+            done = []            # (anchors, value) of the groups completed here: one ack_all
             ack_tuple = self.ack_tuple
             for a, b in zip(starts, [*starts[1:], len(cells)]):
                 cell = cells[a]
                 if cell is None:
                     continue
-                if len(cell) == 2:
+                if len(cell) == 3:
                     left = cell[1] - (b - a)
                     cell[1] = left
                     if not left:
-                        self.ack(tuples[a].anchors, cell[0])  # type: ignore[arg-type]
+                        done.append((tuples[a].anchors, cell[0]))
                 else:                # (cells of the tuples' own edges)
                     for tup in tuples[a:b]:
                         if tup.anchors:
                             ack_tuple(tup.anchors, tup.ackcell)
+            if done:
+                self.ack_all(done)
             return
-        # Tuple granularity: each tuple's own edge (``ack`` direct, without ``ack_tuple``'s
-        # call); a tuple of a group (mixed into the batch) goes through ``ack_tuple``.
-        ack, ack_tuple = self.ack, self.ack_tuple
+        # Tuple granularity. Every tuple tracked with an edge of its own (the common case): one
+        # ``ack_all`` over C-level maps. Else tuple by tuple, through ``ack_tuple``.
+        cells = list(map(_cell, tuples))
+        if None not in cells and set(map(len, cells)) == {1}:
+            return self.ack_all(zip(map(_anchors, tuples), map(_xor, cells)))
+        ack_tuple = self.ack_tuple
         for tup in tuples:
-            anchors = tup.anchors
-            if anchors:
-                cell = tup.ackcell
-                if len(cell) == 1:
-                    ack(anchors, cell[0])
-                else:
-                    ack_tuple(anchors, cell)
+            if tup.anchors:
+                ack_tuple(tup.anchors, tup.ackcell)
 
     def _ack_runs(self, batch: TupleBatch) -> None:
         """``ack_batch`` of a batch kept as runs: a run's tuples share one ack group (or are
@@ -177,7 +178,7 @@ class Acker:
             anchors, cell = run[2], run[4]
             if not anchors:
                 continue
-            if len(cell) == 2:
+            if len(cell) == 3:
                 left = cell[1] - len(run[0])
                 cell[1] = left
                 if not left:

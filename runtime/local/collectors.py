@@ -15,7 +15,7 @@ from operator import attrgetter
 from typing import Any, Callable, Sequence
 
 from topo.api import DEFAULT_STREAM, EmitError, Repeated, Tuple, WireTuple
-from runtime.local.acker import Acker, Outcome
+from runtime.local.acker import GROUP_CELL, Acker, Outcome
 from runtime.local.outbox import Outbox
 from runtime.observe.stats import TaskStats
 
@@ -291,7 +291,36 @@ class SpoutCollector:
             pending[root] = (msg_id, values, stream, _retries, born)
             open_root(root, edges, on_outcome, born)
 
-        return emit
+        single = outbox.single_route(DEFAULT_STREAM)
+        if single is None:
+            return emit
+        origin, nfields, lanes, select, only = single
+        arity_error = outbox.arity_error
+        ledger, timeout_s = acker.ledger, acker.timeout_s
+        tag = acker.root_tag if acker.forward_ack is not None else None
+
+        def emit_inlined(values: Sequence[Any], stream: str = DEFAULT_STREAM, msg_id: Any = None,
+                         _retries: int = 0) -> None:
+            """The common case inlined: a tracked root on the default stream with one
+            subscriber. What ``emit`` does through the outbox's tracked emit, ``new_root``
+            and ``Acker.open``, in one call: the root's ledger entry is written as ``open``
+            writes it (its one edge is never zero)."""
+            if msg_id is None or stream != DEFAULT_STREAM:
+                return emit(values, stream, msg_id, _retries)
+            collector.emitted += 1
+            if len(values) != nfields:
+                raise arity_error(values, DEFAULT_STREAM)
+            born = perf()
+            root = getrandbits(64) or 1
+            if tag is not None:
+                root = (root >> 8 << 8 | tag) or 256
+            edge = getrandbits(64) or 1
+            (only or lanes[select(values)]).batch.append(WireTuple((values, origin, {root: edge}, born, [0])))
+            outbox.pending_count += 1
+            pending[root] = (msg_id, values, stream, _retries, born)
+            ledger[root] = [edge, on_outcome, born + timeout_s]
+
+        return emit_inlined
 
 
 class BoltCollector:
@@ -378,45 +407,78 @@ class BoltCollector:
         arity_error = self._outbox.arity_error
         outbox = self._outbox
         fromkeys = dict.fromkeys
-        # Towards another worker a lane keeps its tuples as runs of values (no tuple object per
-        # emit): its queue packs them whole. Only where this bolt groups its edges and no router
-        # can retarget the lane (autoscaling and send windows read single tuples).
-        runs_ok = batches and outbox.streams[DEFAULT_STREAM].routers[0].retarget is None
 
-        def emit_inlined(values: Sequence[Any], stream: str = DEFAULT_STREAM,
-                         anchors: Tuple | Sequence[Tuple] | None = None) -> None:
+        if not batches:
+            def emit_inlined(values: Sequence[Any], stream: str = DEFAULT_STREAM,
+                             anchors: Tuple | Sequence[Tuple] | None = None) -> None:
+                """The common case inlined: default stream, one subscriber, auto-anchored. The
+                tuple gets its own edge, XORed into its parent's cell."""
+                if anchors is None and stream == DEFAULT_STREAM:
+                    cur = collector.current
+                    if cur is not None:
+                        roots = cur.anchors
+                        if roots:
+                            if len(values) != nfields:
+                                raise arity_error(values, DEFAULT_STREAM)
+                            edge = getrandbits(64) or 1
+                            (only or lanes[select(values)]).batch.append(
+                                WireTuple((values, origin, fromkeys(roots, edge), cur.born, [0])))
+                            cur.ackcell[0] ^= edge
+                            outbox.pending_count += 1
+                            collector.emitted += 1
+                            return
+                emit(values, stream, anchors)
+
+            return emit_inlined
+
+        # Towards another worker a lane keeps its tuples as runs of values (no tuple object per
+        # emit): its queue packs them whole. Only where no router can retarget the lane
+        # (autoscaling and send windows read single tuples), so its lanes are the ones now.
+        runs_ok = (outbox.streams[DEFAULT_STREAM].routers[0].retarget is None
+                   and not all(lane.sized_at_emit for lane in lanes))
+
+        # The input being executed and the fields its emits read, read once per input (a
+        # tuple's fields are read through descriptors) and held while it is the current one.
+        seen: Tuple | None = None
+        roots: dict[int, int] | None = None
+        parent: list[int] = [0]
+        born = 0.0
+
+        def emit_grouped_inlined(values: Sequence[Any], stream: str = DEFAULT_STREAM,
+                                 anchors: Tuple | Sequence[Tuple] | None = None) -> None:
             """The common case inlined: default stream, one subscriber, auto-anchored. The
-            tuple joins its lane's ack group under its parent where this bolt groups its edges
-            (``batches``: ``tasks.bolt_groups_edges``), else gets its own edge, XORed into its
-            parent's cell."""
+            tuple joins its lane's ack group under its parent (this bolt groups its edges:
+            ``tasks.bolt_groups_edges``)."""
+            nonlocal seen, roots, parent, born
             if anchors is None and stream == DEFAULT_STREAM:
                 cur = collector.current
-                if cur is not None:
-                    roots = cur.anchors
-                    if roots:
-                        if len(values) != nfields:
-                            raise arity_error(values, DEFAULT_STREAM)
-                        lane = only or lanes[select(values)]
-                        if not batches:
-                            edge = getrandbits(64) or 1
-                            lane.batch.append(WireTuple((values, origin, fromkeys(roots, edge), cur.born, [0])))
-                            cur.ackcell[0] ^= edge
-                        else:
-                            g = lane.group
-                            parent = cur.ackcell
-                            if g is None or lane.group_parent is not parent:
-                                g = lane.open_group(parent, roots, getrandbits)
-                            g[1] += 1
-                            if runs_ok and not lane.sized_at_emit:
-                                lane.add_one(values, origin, lane.group_anchors, cur.born, g)
-                            else:
-                                lane.batch.append(WireTuple((values, origin, lane.group_anchors, cur.born, g)))
-                        outbox.pending_count += 1
-                        collector.emitted += 1
-                        return
+                if cur is not seen:
+                    if cur is None:
+                        return emit(values, stream, anchors)
+                    seen, roots, parent, born = cur, cur.anchors, cur.ackcell, cur.born
+                if roots:
+                    if len(values) != nfields:
+                        raise arity_error(values, DEFAULT_STREAM)
+                    lane = only or lanes[select(values)]
+                    g = lane.group
+                    if g is None or lane.group_parent is not parent:
+                        # ``Lane.open_group``, inlined: once per input and lane
+                        edge = getrandbits(64) or 1
+                        parent[0] ^= edge
+                        lane.group = g = [0, 0, edge]
+                        lane.group_parent = parent
+                        lane.group_anchors = fromkeys(roots, edge)
+                    g[1] += 1
+                    if runs_ok and not lane.sized_at_emit:
+                        lane.add_one(values, origin, lane.group_anchors, born, g)
+                    else:
+                        lane.batch.append(WireTuple((values, origin, lane.group_anchors, born, g)))
+                    outbox.pending_count += 1
+                    collector.emitted += 1
+                    return
             emit(values, stream, anchors)
 
-        return emit_inlined
+        return emit_grouped_inlined
 
     def _emit_many_grouped(self, values_list: Sequence[Sequence[Any]], stream: str = DEFAULT_STREAM,
                            anchors: Tuple | Sequence[Tuple] | None = None,
@@ -438,7 +500,7 @@ class BoltCollector:
             first = parents[0].ackcell
             # Each parent is checked once: a ``Repeated`` names each of its parents once.
             distinct = parents.present() if type(parents) is Repeated else parents
-            if first is not None and (len(distinct) == 1 or (len(first) == 2 and    # an AckGroup: see its docstring
+            if first is not None and (len(distinct) == 1 or (len(first) == GROUP_CELL and    # an ack group
                                                               list(map(_cell, distinct)).count(first) == len(distinct))):
                 many = self._outbox.grouped_many.get(stream)
                 if many is None:

@@ -74,7 +74,7 @@ class Lane:
         into the parent's cell once, whatever the number of tuples it will hold."""
         edge = getrandbits(64) or 1
         parent[0] ^= edge
-        self.group = g = new_group()
+        self.group = g = new_group(edge)
         self.group_parent = parent
         self.group_anchors = dict.fromkeys(roots, edge)
         return g

@@ -37,7 +37,7 @@ from typing import Any, Callable
 import msgpack
 
 from topo.api import Columns, FieldIndex, Origin, TupleBatch, WireTuple, interleave
-from runtime.local.acker import all_in_groups, new_group
+from runtime.local.acker import GROUP_CELL, all_in_groups, new_group
 from runtime.local.outbox import array_header_len, columns_wire_bytes
 
 log = logging.getLogger("topo.transport")
@@ -252,15 +252,15 @@ class TupleCodec:
             if tracked:
                 cells = list(map(_cell, part))
                 first = cells[0]
-                if first is not None and len(first) == 2 and cells.count(first) == len(cells):
+                if first is not None and len(first) == GROUP_CELL and cells.count(first) == len(cells):
                     # Batch granularity, one ack group (the usual batch): its anchors, born
                     # and size once (its tuples share them).
                     group[4:] = [part[0].anchors, part[0].born, first[1]]
                 else:
                     group[4:] = [anchors, list(map(_born, part))]
-                    if any(c is not None and len(c) == 2 for c in cells):
+                    if any(c is not None and len(c) == GROUP_CELL for c in cells):
                         # Batch granularity: each tuple's group size (0: a tuple with its own edge).
-                        group.append([c[1] if c is not None and len(c) == 2 else 0 for c in cells])
+                        group.append([c[1] if c is not None and len(c) == GROUP_CELL else 0 for c in cells])
             groups.append(group)
         return groups, nbytes
 
@@ -327,8 +327,7 @@ class TupleCodec:
         registry = self._groups
         entry = registry.get(edge)
         if entry is None:
-            g = new_group()
-            g[1] = size
+            g = new_group(edge, size)
             entry = registry[edge] = [g, 0]
         entry[1] += count
         if entry[1] >= size:
@@ -350,7 +349,7 @@ def _by_ack_group(origin: Origin, part: list[Any]) -> list[tuple[Origin, list[An
     on to the next spout batch mid-batch), and sent whole it would travel tuple by tuple,
     each tuple's cell made again on the far side. Found by C-level maps."""
     first = part[0].ackcell if part else None
-    if first is None or len(first) != 2:        # untracked, or an edge of its own: as it is
+    if first is None or len(first) != GROUP_CELL:        # untracked, or an edge of its own: as it is
         return [(origin, part)]
     cells = list(map(_cell, part))
     if cells.count(first) == len(cells) or not all_in_groups(cells):
@@ -361,7 +360,7 @@ def _by_ack_group(origin: Origin, part: list[Any]) -> list[tuple[Origin, list[An
 
 def _one_group(run: list[Any]) -> bool:
     """Whether a run's tuples are untracked or share one ack group (batch granularity)."""
-    return run[2] is None or (run[4] is not None and len(run[4]) == 2)
+    return run[2] is None or (run[4] is not None and len(run[4]) == GROUP_CELL)
 
 
 class AckForwarder:
