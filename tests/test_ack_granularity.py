@@ -161,6 +161,17 @@ def test_ack_batch_of_own_edges_only_updates_the_ledgers_as_acking_each_tuple_do
     assert len(results[0][0]) == 26 and results[0][2] == [(0x302, 0x4 ^ 0x8)]     # 2 of 3 have no child
 
 
+def _split_outbox(batches: bool, acker: Acker) -> tuple[Outbox, BoltCollector]:
+    """A bolt task (3) whose default stream goes to task 7 or 8 by the word's length."""
+    lanes = {7: ByteQueue(1 << 20), 8: ByteQueue(1 << 20)}
+    outbox = Outbox("split", 3, {"default": StreamRoutes(FieldIndex.of(["word"]),
+                                                         [Router([7, 8], lambda values: len(values[0]) % 2)])},
+                    lanes, 10_000, 1.0)
+    collector = BoltCollector(outbox, acker=acker, stats=TaskStats("t", "split", 3, False), auto_anchor=True,
+                              getrandbits=random.Random(5).getrandbits, batches=batches)
+    return outbox, collector
+
+
 def test_an_auto_anchored_emit_under_tuple_granularity_gives_each_tuple_its_own_edge_on_every_root() -> None:
     """A bolt's emit anchored to the input it executes: one new edge per tuple, on each root
     of its parent, XORed into the parent's cell; acking the parent, then the children,
@@ -168,12 +179,7 @@ def test_an_auto_anchored_emit_under_tuple_granularity_gives_each_tuple_its_own_
     count) keep their rules."""
     seen, owner = _outcomes()
     acker = Acker(30.0)
-    lanes = {7: ByteQueue(1 << 20), 8: ByteQueue(1 << 20)}
-    outbox = Outbox("split", 3, {"default": StreamRoutes(FieldIndex.of(["word"]),
-                                                         [Router([7, 8], lambda values: len(values[0]) % 2)])},
-                    lanes, 10_000, 1.0)
-    collector = BoltCollector(outbox, acker=acker, stats=TaskStats("t", "split", 3, False), auto_anchor=True,
-                              getrandbits=random.Random(5).getrandbits, batches=False)
+    outbox, collector = _split_outbox(False, acker)
     parent = WireTuple((["a bb"], Origin(FieldIndex.of(["sentence"]), "default", "sentences", 1),
                         {11: 0x71, 12: 0x72}, 1.5, [0]))
     acker.open(11, 0x71, owner, 0.0)
@@ -196,17 +202,6 @@ def test_an_auto_anchored_emit_under_tuple_granularity_gives_each_tuple_its_own_
     assert seen == []
     acker.ack_batch(sent)
     assert sorted(seen) == [(11, True, ""), (12, True, "")] and not acker.ledger
-
-
-def _split_outbox(batches: bool, acker: Acker) -> tuple[Outbox, BoltCollector]:
-    """A bolt task (3) whose default stream goes to task 7 or 8 by the word's length."""
-    lanes = {7: ByteQueue(1 << 20), 8: ByteQueue(1 << 20)}
-    outbox = Outbox("split", 3, {"default": StreamRoutes(FieldIndex.of(["word"]),
-                                                         [Router([7, 8], lambda values: len(values[0]) % 2)])},
-                    lanes, 10_000, 1.0)
-    collector = BoltCollector(outbox, acker=acker, stats=TaskStats("t", "split", 3, False), auto_anchor=True,
-                              getrandbits=random.Random(5).getrandbits, batches=batches)
-    return outbox, collector
 
 
 def test_grouped_emits_share_one_group_per_input_and_lane_and_a_new_one_after_a_switch_or_a_flush() -> None:
