@@ -2,6 +2,8 @@
 of the per-tuple API (routing, acking trees, replay of failures, one-line emit errors)."""
 from __future__ import annotations
 
+import functools
+import operator
 import random
 from collections import Counter
 from typing import Any, Sequence
@@ -266,3 +268,68 @@ def test_repeated_parents_under_batch_granularity_cost_one_group_per_lane_and_mi
     cells = [t.ackcell for t in lane.take()]
     assert cells[0] is cells[1] and cells[2] is cells[3] is cells[4] and cells[0] is not cells[2]
     assert (cells[0][1], cells[2][1]) == (2, 3) and g1[0] != 0 and g2[0] != 0
+    three = [two[0], WireTuple(([2], spout, {5: 1}, 1.0, g1)), two[1]]      # two neighbours of one group
+    lane = fan(three, [2, 1, 3]).lanes[7]
+    cells = [t.ackcell for t in lane.take()]
+    assert cells[0] is cells[1] is cells[2] and cells[0][1] == 3 and cells[3] is cells[5] and cells[3][1] == 3
+
+
+@pytest.mark.parametrize("as_repeated", [True, False])
+def test_values_under_many_parents_make_one_group_per_parent_and_lane_as_emitting_each_does(as_repeated: bool) -> None:
+    """``emit_many(..., anchor_each=parents)`` where the parents have cells of their own (a
+    batch of inputs at tuple granularity) sends what emitting each values under its parent
+    sends: per lane, the same values in the same order, one ack group per run of one parent
+    (a parent coming back after another starts a new one), each group's edge XORed once
+    into its parent's cell; a parent with no roots sends its values untracked. Acking the
+    parents and then every tuple completes every tree."""
+    spout = Origin(FieldIndex.of(["sentence"]), "default", "sentences", 1)
+    runs = [("a", 3), ("b", 0), ("c", 4), ("u", 2), ("a", 2)]          # u: untracked; a comes back
+
+    def send(batched: bool) -> tuple[dict[int, list[Any]], dict[str, int], Acker, list[WireTuple], list[Any]]:
+        seen: list[Any] = []
+        acker = Acker(30.0)
+        parents = {name: WireTuple(([name], spout, None if name == "u" else {ord(name): 0x10 + ord(name)},
+                                    float(ord(name)), None if name == "u" else [0])) for name, _ in runs}
+        for name, p in parents.items():
+            if p.anchors:
+                acker.open(ord(name), 0x10 + ord(name), lambda root, ok, why: seen.append((root, ok)), 0.0)
+        outbox = Outbox("split", 3, {"default": StreamRoutes(FieldIndex.of(["word"]),
+                                                             [Router([7, 8], lambda v: len(v[0]) % 2)])},
+                        {7: ByteQueue(1 << 20), 8: ByteQueue(1 << 20)}, 10_000, 1.0)
+        collector = BoltCollector(outbox, acker=acker, stats=TaskStats("t", "split", 3, False),
+                                  auto_anchor=True, getrandbits=random.Random(3).getrandbits, batches=True)
+        words = [[name * (1 + i)] for name, k in runs for i in range(k)]
+        each = [parents[name] for name, k in runs for _ in range(k)]
+        if not batched:
+            for values, p in zip(words, each):
+                collector.emit(values, anchors=p)
+        else:
+            collector.emit_many(words, anchor_each=Repeated([parents[n] for n, _ in runs], [k for _, k in runs])
+                                if as_repeated else each)
+        lanes = {t: outbox.lanes[t].batch for t in (7, 8)}
+        cells = {name: p.ackcell[0] for name, p in parents.items() if p.ackcell}
+        return lanes, cells, acker, list(parents.values()), seen
+
+    def shape(lanes: dict[int, list[Any]]) -> list[Any]:
+        """Per lane: each tuple's values, roots, birth and the index of its group (by identity)."""
+        out = []
+        for t in (7, 8):
+            ids: dict[int, int] = {}
+            out.append([(list(tup.values), None if tup.anchors is None else sorted(tup.anchors), tup.born,
+                         None if tup.ackcell is None else (ids.setdefault(id(tup.ackcell), len(ids)), tup.ackcell[1]))
+                        for tup in lanes[t]])
+        return out
+
+    one_by_one, _, _, _, _ = send(False)
+    lanes, cells, acker, parents, seen = send(True)
+    assert shape(lanes) == shape(one_by_one)
+    groups = {id(t.ackcell): t for t in lanes[7] + lanes[8] if t.ackcell is not None}
+    for name in "ac":        # a's two runs: a group per run and lane; each group's edge once in its parent
+        mine = [t.ackcell for t in groups.values() if ord(name) in t.anchors]
+        assert cells[name] == functools.reduce(operator.xor, (c[2] for c in mine))
+        assert all(t.anchors == {ord(name): t.ackcell[2]} for t in groups.values() if ord(name) in t.anchors)
+    assert len([t for t in groups.values() if ord("a") in t.anchors]) == 4      # (each of its runs on both lanes)
+    assert [t.anchors for t in lanes[7] + lanes[8] if t.values[0].startswith("u")] == [None, None]
+    acker.ack_batch([p for p in parents if p.anchors])
+    acker.ack_batch(lanes[7] + lanes[8])
+    assert sorted(seen) == [(ord("a"), True), (ord("b"), True), (ord("c"), True)] and not acker.ledger

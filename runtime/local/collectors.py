@@ -1,17 +1,18 @@
 """The collectors spouts and bolts emit, ack and fail through (Storm's output collectors).
 
 Each collector's ``emit`` is one closure built per task at start, over the
-outbox's per-stream emit functions (``Outbox.untracked`` / ``Outbox.tracked``) and,
-with acking on, the acker's ``open`` / ``ack``: with acking off the common case (the
-default stream with one subscriber) is inlined into a single flat function, since
-it is the innermost call of every topology. Every emit mistake raises
+outbox's per-stream emit functions (``Outbox.untracked`` / ``Outbox.tracked`` /
+``Outbox.grouped``) and, with acking on, the acker's ``open`` / ``ack``. The common
+case (the default stream with one subscriber; for a bolt with acking on, anchored to
+the input it executes) is inlined into a single flat function, acking off or on,
+since it is the innermost call of every topology. Every emit mistake raises
 ``topo.api.EmitError``.
 """
 from __future__ import annotations
 
 import time
-from itertools import repeat
-from operator import attrgetter
+from itertools import compress, count, repeat
+from operator import attrgetter, is_not, sub
 from typing import Any, Callable, Sequence
 
 from topo.api import DEFAULT_STREAM, EmitError, Repeated, Tuple, WireTuple
@@ -120,6 +121,13 @@ def spout_emit_many(outbox: Outbox, untracked_many: Callable[..., None],
         tracked(values_list, stream, msg_ids)
 
     return emit_many
+
+
+def _runs(parents: Sequence[Tuple]) -> tuple[list[Tuple], list[int]]:
+    """``parents`` as runs of one parent: each run's parent and length (C-level maps)."""
+    parents = list(parents)
+    starts = [0, *compress(count(1), map(is_not, parents[1:], parents))]
+    return [parents[i] for i in starts], list(map(sub, [*starts[1:], len(parents)], starts))
 
 
 class SpoutBatch:
@@ -509,7 +517,17 @@ class BoltCollector:
                 many(values_list, first, p.anchors, p.born, self._getrandbits)   # type: ignore[arg-type]
                 self.emitted += len(values_list)
                 return
-        if anchor_each is not None:      # parents of several groups: each values under its own
+        if anchor_each is not None and stream in self._outbox.grouped_runs:
+            # Parents of several groups: each run of values under its parent, a group per
+            # parent and lane (``Outbox._make_grouped_runs``); a ``Repeated`` names its runs.
+            if type(anchor_each) is Repeated:
+                items, counts = anchor_each.items, anchor_each.counts
+            else:
+                items, counts = _runs(anchor_each)
+            self._outbox.grouped_runs[stream](values_list, items, counts, self._getrandbits)
+            self.emitted += len(values_list)
+            return
+        if anchor_each is not None:      # (a stream of several subscribers) each values under its own parent
             one = self._outbox.grouped.get(stream)
             untracked = self._outbox.untracked.get(stream)
             if one is None or untracked is None:

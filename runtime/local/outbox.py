@@ -20,8 +20,8 @@ import asyncio
 import time
 from dataclasses import dataclass
 from collections import deque
-from itertools import compress, repeat
-from operator import call, eq, not_
+from itertools import chain, compress, count, repeat
+from operator import attrgetter, call, eq, is_not, ne, not_, sub
 from typing import Any, Callable, Iterable, Sequence
 
 import msgpack
@@ -167,6 +167,9 @@ TrackedEmitEach = Callable[[Sequence[Sequence[Any]], Sequence[Tuple], Callable[[
 GroupedEmit = Callable[[Sequence[Any], list, Iterable[int], float, Callable[[int], int]], None]
 # ... and the same for a whole values list under one parent.
 GroupedEmitMany = Callable[[Sequence[Sequence[Any]], list, Iterable[int], float, Callable[[int], int]], None]
+# emit_runs(values_list, parents, counts, getrandbits): ``counts[i]`` values in a row under
+# ``parents[i]``, each parent's in one ack group per lane.
+GroupedEmitRuns = Callable[[Sequence[Sequence[Any]], Sequence[Tuple], Sequence[int], Callable[[int], int]], None]
 
 
 class Outbox:
@@ -196,6 +199,7 @@ class Outbox:
         self.tracked_each: dict[str, TrackedEmitEach] = {}
         self.grouped: dict[str, GroupedEmit] = {}
         self.grouped_many: dict[str, GroupedEmitMany] = {}
+        self.grouped_runs: dict[str, GroupedEmitRuns] = {}    # (streams with one subscriber)
         # Called before any batch leaves (a spout under batch granularity closes its batch).
         self.before_flush: Callable[[], None] | None = None
         for stream, routes in streams.items():
@@ -206,6 +210,9 @@ class Outbox:
             self.tracked_each[stream] = self._make_tracked_each(stream, routes)
             self.grouped[stream] = self._make_grouped(stream, routes)
             self.grouped_many[stream] = self._make_grouped_many(stream, routes)
+            runs = self._make_grouped_runs(stream, routes)
+            if runs is not None:
+                self.grouped_runs[stream] = runs
 
     def _lane(self, target: int) -> Lane:
         lane = self.lanes.get(target)
@@ -584,6 +591,66 @@ class Outbox:
 
         return emit_many_grouped
 
+    def _make_grouped_runs(self, stream: str, routes: StreamRoutes) -> GroupedEmitRuns | None:
+        """``emit_many`` of values each under its own parent, in runs (``anchor_each`` of a
+        batch of inputs): one ack group per parent and lane reached, as the grouped emit of
+        each values would make them, with the tuples made by C-level maps and a Python step
+        per group, not per values. A parent with no roots sends its values untracked. For a
+        stream with one non-broadcast subscriber; None otherwise."""
+        single = self._single(stream, routes)
+        if single is None:
+            return None
+        lanes, select, origin, check = single
+        select_many = self._select_many(routes)
+        outbox = self
+        fromkeys = dict.fromkeys
+
+        def emit_runs(values_list: Sequence[Sequence[Any]], parents: Sequence[Tuple], counts: Sequence[int],
+                      getrandbits: Callable[[int], int]) -> None:
+            n = len(values_list)
+            if not n:
+                return
+            check(values_list)
+            rows = list(values_list)
+            cells = list(map(_ackcell, parents))
+            if len(cells) > 1 and not all(map(is_not, cells[1:], cells)):
+                # Neighbours that share a cell (inputs of one ack group) share their groups
+                # too, as each values' grouped emit would join them: one run.
+                firsts = [0, *compress(count(1), map(is_not, cells[1:], cells))]
+                counts = [sum(counts[a:b]) for a, b in zip(firsts, [*firsts[1:], len(cells)])]
+                parents = [parents[i] for i in firsts]
+            owners = list(_spread(range(len(parents)), counts))     # each values' parent, by index
+            if len(lanes) == 1:
+                parts = [(lanes[0], rows, owners)]
+            else:
+                targets = list(select_many(values_list))
+                parts = []
+                for i in sorted(set(targets)):
+                    mask = list(map(eq, targets, repeat(i)))
+                    parts.append((lanes[i], list(compress(rows, mask)), list(compress(owners, mask))))
+            for lane, part, part_owners in parts:
+                starts = [0, *compress(count(1), map(ne, part_owners[1:], part_owners))]
+                sizes = list(map(sub, [*starts[1:], len(part)], starts))
+                anchors_of, born_of, cell_of = [], [], []
+                for at, size in zip(starts, sizes):
+                    p = parents[part_owners[at]]
+                    roots = p.anchors
+                    if roots:
+                        edge = getrandbits(64) or 1
+                        p.ackcell[0] ^= edge       # (the group's edge, once per parent and lane)
+                        anchors_of.append(fromkeys(roots, edge))
+                        born_of.append(p.born)
+                        cell_of.append(new_group(edge, size))
+                    else:
+                        anchors_of.append(None)
+                        born_of.append(0.0)
+                        cell_of.append(None)
+                lane.batch += map(WireTuple, zip(part, repeat(origin), _spread(anchors_of, sizes),
+                                                 _spread(born_of, sizes), _spread(cell_of, sizes)))
+            outbox.pending_count += n
+
+        return emit_runs
+
     def due(self) -> bool:
         """Whether pending batches should go now: a full batch, or the interval has passed."""
         n = self.pending_count
@@ -726,6 +793,14 @@ def _pick(values_list: Sequence[Sequence[Any]], mask: list[Any]) -> list[Sequenc
     if type(values_list) is Columns:
         return Columns(*[list(compress(c, mask)) for c in values_list.columns])
     return list(compress(values_list, mask))
+
+
+_ackcell = attrgetter("ackcell")
+
+
+def _spread(items: Iterable[Any], counts: Iterable[int]) -> Iterable[Any]:
+    """Each of ``items`` repeated its count of times, in order (C-level)."""
+    return chain.from_iterable(map(repeat, items, counts))
 
 
 def _own(values_list: Sequence[Sequence[Any]]) -> list[Sequence[Any]] | Columns:
