@@ -27,8 +27,9 @@ batch, and a failure anywhere replays the whole batch. The ledger's rule is unch
 """
 from __future__ import annotations
 
-from itertools import compress, count
-from operator import attrgetter, is_not, itemgetter
+from collections import deque
+from itertools import compress, count, repeat
+from operator import attrgetter, is_not, itemgetter, not_, setitem, sub
 from typing import Callable, Iterable, Sequence
 
 from topo.api import Tuple, TupleBatch, run_tuples
@@ -39,7 +40,8 @@ Outcome = Callable[[int, bool, str], None]
 # A ledger entry is a 3-item list, [xor, owner, deadline]: a list is the cheapest
 # mutable record to make and update on the per-tuple path.
 XOR, OWNER, DEADLINE = 0, 1, 2
-_cell, _anchors, _xor = attrgetter("ackcell"), attrgetter("anchors"), itemgetter(0)   # (a cell's xor)
+_cell, _anchors = attrgetter("ackcell"), attrgetter("anchors")
+_xor, _left = itemgetter(0), itemgetter(1)     # a cell's xor; a group's count of tuples not yet processed
 Entry = list
 
 
@@ -143,6 +145,18 @@ class Acker:
                     self.ack(tuples[0].anchors, first[0])  # type: ignore[arg-type]
                 return
             starts = [0, *compress(count(1), map(is_not, cells[1:], cells))]
+            heads = list(map(cells.__getitem__, starts))     # each stretch's cell
+            if None not in heads and set(map(len, heads)) == {3}:
+                # Every stretch a group's (the usual batch of a bolt's children): each group
+                # counted down by its stretch's length, the ones that reach zero acked in one
+                # ``ack_all``, all by C-level maps.
+                lefts = list(map(sub, map(_left, heads), map(sub, [*starts[1:], len(cells)], starts)))
+                deque(map(setitem, heads, repeat(1), lefts), 0)
+                gone = list(map(not_, lefts))
+                if any(gone):
+                    self.ack_all(zip(map(_anchors, compress(map(tuples.__getitem__, starts), gone)),
+                                     map(_xor, compress(heads, gone))))
+                return
             done = []            # (anchors, value) of the groups completed here: one ack_all
             ack_tuple = self.ack_tuple
             for a, b in zip(starts, [*starts[1:], len(cells)]):
