@@ -333,3 +333,15 @@ def test_values_under_many_parents_make_one_group_per_parent_and_lane_as_emittin
     acker.ack_batch([p for p in parents if p.anchors])
     acker.ack_batch(lanes[7] + lanes[8])
     assert sorted(seen) == [(ord("a"), True), (ord("b"), True), (ord("c"), True)] and not acker.ledger
+
+
+def test_an_empty_emit_many_under_each_parent_sends_nothing() -> None:
+    """``emit_many([], anchor_each=[])`` (a batch bolt whose inputs had no words) sends and
+    counts nothing, with a plain list as with a ``Repeated``."""
+    outbox = Outbox("split", 3, {"default": StreamRoutes(FieldIndex.of(["word"]), [Router([7], lambda v: 0)])},
+                    {7: ByteQueue(1 << 20)}, 10_000, 1.0)
+    collector = BoltCollector(outbox, acker=Acker(30.0), stats=TaskStats("t", "split", 3, False),
+                              auto_anchor=True, getrandbits=random.Random(3).getrandbits, batches=True)
+    collector.emit_many([], anchor_each=[])
+    collector.emit_many([], anchor_each=Repeated([], []))
+    assert collector.emitted == 0 and outbox.pending_count == 0 and outbox.lanes[7].batch == []

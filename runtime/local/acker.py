@@ -28,11 +28,12 @@ batch, and a failure anywhere replays the whole batch. The ledger's rule is unch
 from __future__ import annotations
 
 from collections import deque
-from itertools import compress, count, repeat
-from operator import attrgetter, is_not, itemgetter, not_, setitem, sub
+from itertools import compress, repeat
+from operator import attrgetter, itemgetter, not_, setitem, sub
 from typing import Callable, Iterable, Sequence
 
 from topo.api import Tuple, TupleBatch, run_tuples
+from runtime.local.stretches import stretch_bounds, stretch_lengths
 
 # The owner of a root: told (root, ok, reason) once its tree completes or fails.
 Outcome = Callable[[int, bool, str], None]
@@ -144,13 +145,14 @@ class Acker:
                 if not left:
                     self.ack(tuples[0].anchors, first[0])  # type: ignore[arg-type]
                 return
-            starts = [0, *compress(count(1), map(is_not, cells[1:], cells))]
+            bounds = stretch_bounds(cells)
+            starts = bounds[:-1]
             heads = list(map(cells.__getitem__, starts))     # each stretch's cell
             if None not in heads and set(map(len, heads)) == {3}:
                 # Every stretch a group's (the usual batch of a bolt's children): each group
                 # counted down by its stretch's length, the ones that reach zero acked in one
                 # ``ack_all``, all by C-level maps.
-                lefts = list(map(sub, map(_left, heads), map(sub, [*starts[1:], len(cells)], starts)))
+                lefts = list(map(sub, map(_left, heads), stretch_lengths(bounds)))
                 deque(map(setitem, heads, repeat(1), lefts), 0)
                 gone = list(map(not_, lefts))
                 if any(gone):
@@ -159,7 +161,7 @@ class Acker:
                 return
             done = []            # (anchors, value) of the groups completed here: one ack_all
             ack_tuple = self.ack_tuple
-            for a, b in zip(starts, [*starts[1:], len(cells)]):
+            for a, b in zip(bounds, bounds[1:]):
                 cell = cells[a]
                 if cell is None:
                     continue

@@ -11,13 +11,14 @@ since it is the innermost call of every topology. Every emit mistake raises
 from __future__ import annotations
 
 import time
-from itertools import compress, count, repeat
-from operator import attrgetter, is_not, sub
+from itertools import repeat
+from operator import attrgetter
 from typing import Any, Callable, Sequence
 
 from topo.api import DEFAULT_STREAM, EmitError, Repeated, Tuple, WireTuple
 from runtime.local.acker import GROUP_CELL, Acker, Outcome
 from runtime.local.outbox import Outbox
+from runtime.local.stretches import stretch_bounds, stretch_lengths
 from runtime.observe.stats import TaskStats
 
 _cell = attrgetter("ackcell")
@@ -126,8 +127,8 @@ def spout_emit_many(outbox: Outbox, untracked_many: Callable[..., None],
 def _runs(parents: Sequence[Tuple]) -> tuple[list[Tuple], list[int]]:
     """``parents`` as runs of one parent: each run's parent and length (C-level maps)."""
     parents = list(parents)
-    starts = [0, *compress(count(1), map(is_not, parents[1:], parents))]
-    return [parents[i] for i in starts], list(map(sub, [*starts[1:], len(parents)], starts))
+    bounds = stretch_bounds(parents)
+    return [parents[i] for i in bounds[:-1]], stretch_lengths(bounds)
 
 
 class SpoutBatch:

@@ -20,8 +20,8 @@ import asyncio
 import time
 from dataclasses import dataclass
 from collections import deque
-from itertools import chain, compress, count, repeat
-from operator import attrgetter, call, eq, is_not, ne, not_, sub
+from itertools import chain, compress, repeat
+from operator import attrgetter, call, eq, ne, not_
 from typing import Any, Callable, Iterable, Sequence
 
 import msgpack
@@ -31,6 +31,7 @@ from topo.api import (Columns, EmitError, FieldIndex, Origin, Run, Tuple, TupleB
 from topo.groupings import Router
 from runtime.local.acker import AckGroup, new_group
 from runtime.local.queue import ByteQueue
+from runtime.local.stretches import stretch_bounds, stretch_lengths
 
 
 @dataclass
@@ -613,12 +614,12 @@ class Outbox:
             check(values_list)
             rows = list(values_list)
             cells = list(map(_ackcell, parents))
-            if len(cells) > 1 and not all(map(is_not, cells[1:], cells)):
+            bounds = stretch_bounds(cells)
+            if len(bounds) <= len(cells):
                 # Neighbours that share a cell (inputs of one ack group) share their groups
                 # too, as each values' grouped emit would join them: one run.
-                firsts = [0, *compress(count(1), map(is_not, cells[1:], cells))]
-                counts = [sum(counts[a:b]) for a, b in zip(firsts, [*firsts[1:], len(cells)])]
-                parents = [parents[i] for i in firsts]
+                counts = [sum(counts[a:b]) for a, b in zip(bounds, bounds[1:])]
+                parents = [parents[i] for i in bounds[:-1]]
             owners = list(_spread(range(len(parents)), counts))     # each values' parent, by index
             if len(lanes) == 1:
                 parts = [(lanes[0], rows, owners)]
@@ -629,10 +630,10 @@ class Outbox:
                     mask = list(map(eq, targets, repeat(i)))
                     parts.append((lanes[i], list(compress(rows, mask)), list(compress(owners, mask))))
             for lane, part, part_owners in parts:
-                starts = [0, *compress(count(1), map(ne, part_owners[1:], part_owners))]
-                sizes = list(map(sub, [*starts[1:], len(part)], starts))
+                bounds = stretch_bounds(part_owners, ne)
+                sizes = stretch_lengths(bounds)
                 anchors_of, born_of, cell_of = [], [], []
-                for at, size in zip(starts, sizes):
+                for at, size in zip(bounds, sizes):
                     p = parents[part_owners[at]]
                     roots = p.anchors
                     if roots:

@@ -29,8 +29,8 @@ import asyncio
 import logging
 import struct
 from collections import deque
-from itertools import compress, count, repeat
-from operator import attrgetter, is_not
+from itertools import repeat
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, Callable
 
@@ -39,6 +39,7 @@ import msgpack
 from topo.api import Columns, FieldIndex, Origin, TupleBatch, WireTuple, interleave
 from runtime.local.acker import GROUP_CELL, all_in_groups, new_group
 from runtime.local.outbox import array_header_len, columns_wire_bytes
+from runtime.local.stretches import stretch_bounds
 
 log = logging.getLogger("topo.transport")
 
@@ -354,7 +355,7 @@ def _by_ack_group(origin: Origin, part: list[Any]) -> list[tuple[Origin, list[An
     cells = list(map(_cell, part))
     if cells.count(first) == len(cells) or not all_in_groups(cells):
         return [(origin, part)]
-    bounds = [0, *compress(count(1), map(is_not, cells[1:], cells)), len(part)]
+    bounds = stretch_bounds(cells)
     return [(origin, part[a:b]) for a, b in zip(bounds, bounds[1:])]
 
 
