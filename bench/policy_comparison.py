@@ -1,6 +1,6 @@
 """The overload matrix: every flow-control policy through seven kinds of overload.
 
-Each scenario is a small topology on the local engine, run for a few seconds under
+Each scenario is a small topology on the local engine, run for 12 s (e: 8 s) under
 ``none``, ``source_stop``, ``watermark``, ``stepwise``, ``window`` and ``adaptive``
 (plus ``stepwise`` with the settings of ``MATRIX_VARIANTS``; the other ``VARIANTS`` when named with
 ``--policies``, and any made with ``--variant NAME=BASE,KEY=VALUE...``), with acking off and on
@@ -47,10 +47,13 @@ after the drain):
 * ``p50_ms`` / ``p99_ms``: spout-to-sink latency (every 8th tuple arriving after the warmup);
 * ``peak_queue``: the most any bolt queue held, over the hard bound;
 * ``rate_cov``: coefficient of variation of the spout's emit rate in 250 ms bins, once
-  steady: from the warmup to the end, except in (e), where it is the larger of the
-  CoVs during the drop (2.0-3.0 s) and after the recovery (4.0-8.0 s), so the change
-  of rate that any policy must make at the drop and the recovery is not counted
-  (``rate_cov_all`` in the JSON: from the warmup to the end);
+  steady: over the second half of the run (6-12 s; a search needs a few seconds to
+  close in on the capacity), except in (e), where it is the larger of the CoVs during
+  the drop (2.0-3.0 s) and after the recovery (4.0-8.0 s), so the change of rate that
+  any policy must make at the drop and the recovery is not counted (``rate_cov_all``
+  in the JSON: from the warmup to the end; ``cov_windows``: the windows of each
+  scenario). Earlier matrices (JSON files without ``durations``) ran 5 s and read it
+  from the warmup on;
 * ``back_to_originv_s`` (e only): from the recovery until the spout's limit is off
   (or at the offered rate: ``originv``, under ``backpressure.originv_hold_ms``);
 * ``cpu`` (JSON only): the process's CPU seconds per second of the run, including the drain
@@ -58,7 +61,7 @@ after the drain):
 * ``fast_tps`` (c only): tuples/s of the fast branch; ``fast_ratio`` against
   ``none`` in the same scenario (with an endless source and nothing dropped, no
   policy can let the fast branch run further ahead of the slow one than its
-  queues allow, so ``none``'s figure is the unloaded one here). Over a 5 s run that figure
+  queues allow, so ``none``'s figure is the unloaded one here). Over a 12 s run that figure
   includes the slow branch's queues filled to the hard bound, so a policy that holds them
   between the marks scores under 1.0 by what they do not hold at the stop (``--report``
   prints each run's ratio beside its slow queue at the stop);
@@ -131,8 +134,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
                         "backpressure.step_from_recent_rate": True},
 }
 # The variants a whole run measures (the others run when named with --policies; their last figures are
-# in BENCHMARKS.md): the two combinations named for the goals.
-MATRIX_VARIANTS = ("stepwise+slopes", "stepwise+hops")
+# in BENCHMARKS.md): the two combinations named for the goals (stepwise+slopes is stepwise+hops without
+# hold_starved_upstream, the same rules wherever no relay bolt feeds the slow task).
+MATRIX_VARIANTS = ("stepwise+hops", "stepwise+recent")
 # Run --repeat times (the others once): the reference, the baseline the goals are read against, the
 # document's default and the named combination.
 REPEATED = ("none", "source_stop", "stepwise", "stepwise+search", "stepwise+slopes", "stepwise+hops",
@@ -324,15 +328,24 @@ def _g(box: Box, tracked: bool) -> Any:
     return b.build()
 
 
+# Scenarios other than (e) run RUN_S seconds and read the rate CoV over STEADY, their second half: a
+# search takes a few seconds to close in on the capacity (in the 5 s runs of earlier matrices the CoV
+# from the warmup to the stop read that convergence, not a steady rate). Goodput, latency and the fast
+# branch are still read from the warmup on, so the transient counts against them.
+RUN_S = 12.0
+STEADY = ((6.0, RUN_S),)
+# What runs were before (a report without ``durations``: the JSON files of earlier matrices).
+EARLIER_DURATIONS = {"a": 5.0, "b": 5.0, "c": 5.0, "d": 5.0, "e": 8.0, "f": 5.0, "g": 5.0}
 SCENARIOS = {s.key: s for s in (
-    Scenario("a", "one slow task", _a, 5.0),
-    Scenario("b", "slow component of 4 tasks", _b, 5.0),
-    Scenario("c", "fan-out, fast branch beside a slow one", _c, 5.0, expect=lambda n: n % 4 == 0),
-    Scenario("d", "on/off source", _d, 5.0),
+    Scenario("a", "one slow task", _a, RUN_S, steady=STEADY),
+    Scenario("b", "slow component of 4 tasks", _b, RUN_S, steady=STEADY),
+    Scenario("c", "fan-out, fast branch beside a slow one", _c, RUN_S, expect=lambda n: n % 4 == 0,
+             steady=STEADY),
+    Scenario("d", "on/off source", _d, RUN_S, steady=STEADY),
     Scenario("e", "capacity drops then recovers", _e, 8.0, recovery_at=3.0, offered=4_000.0,
              steady=((2.0, 3.0), (4.0, 8.0))),
-    Scenario("f", "slow bolt behind a relay bolt", _f, 5.0),
-    Scenario("g", "2 ms pause every 1,000 tuples", _g, 5.0),
+    Scenario("f", "slow bolt behind a relay bolt", _f, RUN_S, steady=STEADY),
+    Scenario("g", "2 ms pause every 1,000 tuples", _g, RUN_S, steady=STEADY),
 )}
 
 
@@ -469,6 +482,9 @@ def measure(keys: str, warmup: float, repeat: int, policies: tuple[str, ...],
                 c["fast_steady_ratio"] = round(c["fast_steady_tps"] / steady, 3)
     return {"marks": {k: BASE[k] for k in ("queue.high_mark", "queue.low_mark", "queue.hard_bound")},
             "sensitivity_ms": BASE["backpressure.sensitivity_ms"], "warmup_s": warmup, "repeat": repeat,
+            "durations": {k: SCENARIOS[k].duration for k in keys},
+            "cov_windows": {k: [list(w) for w in SCENARIOS[k].steady or ((warmup, SCENARIOS[k].duration),)]
+                            for k in keys},
             "variants": variants, "python": platform.python_version(), "load": os.getloadavg(), "cells": cells}
 
 
@@ -586,6 +602,18 @@ def _at(series: list[list[Any]], t: float) -> list[Any]:
     return [x for x in series if x[0] <= t][-1]
 
 
+def report_windows(report: dict[str, Any]) -> tuple[dict[str, float], dict[str, list[tuple[float, float]]]]:
+    """Each scenario's run length and the windows its rate CoV was read over, as the report's run had
+    them (a report of an earlier matrix, without them: its 5 s runs, the CoV from the warmup on)."""
+    warmup = report["warmup_s"]
+    duration = dict(report.get("durations") or EARLIER_DURATIONS)
+    earlier = {"e": [(2.0, 3.0), (4.0, 8.0)]}
+    windows = {k: [tuple(w) for w in ws] for k, ws in (report.get("cov_windows") or {}).items()}
+    for k, d in duration.items():
+        windows.setdefault(k, earlier.get(k) or [(warmup, d)])
+    return duration, windows    # type: ignore[return-value]
+
+
 def diagnose(report: dict[str, Any], named: str = "stepwise+hops") -> str:
     """Whether the CoV and fast-branch goals measure what they name, read from a run's JSON.
 
@@ -597,7 +625,7 @@ def diagnose(report: dict[str, Any], named: str = "stepwise+hops") -> str:
     that is not the queues filled before the warmup or still held at the stop), the tuples the spout
     had emitted by the warmup and the slow sink's queue at the stop (the last sample before it)."""
     cells, warmup = report["cells"], report["warmup_s"]
-    duration = {k: sc.duration for k, sc in SCENARIOS.items()}
+    duration, windows = report_windows(report)
 
     def cell(c: dict[str, Any], policy: str) -> dict[str, Any] | None:
         return next((x for x in cells if x["scenario"] == c["scenario"] and x["acking"] == c["acking"]
@@ -618,10 +646,11 @@ def diagnose(report: dict[str, Any], named: str = "stepwise+hops") -> str:
         low = [r["rate_cov"] for p in ("stepwise", "stepwise+search", "stepwise+slopes", named)
                if (x := cell(c, p)) for r in x["runs"] if r.get("rate_cov") is not None]
         end = duration.get(c["scenario"], 0.0)
-        rates = [v for r in (me or {}).get("runs", []) if (v := spout_rate(r["series"], warmup, end))]
+        lo, hi = windows[c["scenario"]][-1]
+        rates = [v for r in (me or {}).get("runs", []) if (v := spout_rate(r["series"], lo, hi))]
         rows.append(f"| {name} | {fmt(ss and ss.get('rate_cov') and ss['rate_cov'] / 3)} | {fmt(c.get('rate_cov'))} | "
                     f"{fmt(min(low) if low else None)} | {fmt(me and me.get('rate_cov'))} | "
-                    f"{fmt(paced_cov(statistics.fmean(rates), end, warmup) if rates else None)} |")
+                    f"{fmt(paced_cov(statistics.fmean(rates), hi, lo) if rates else None)} |")
         if c.get("fast_tps") is None:
             continue
         base = statistics.fmean(v for r in c["runs"] if (v := spout_rate(r["series"], warmup, end)))

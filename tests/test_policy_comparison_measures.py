@@ -9,8 +9,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.policy_comparison import (SAMPLE_S, _cov, count_rate, diagnose, goals, paced_cov,  # noqa: E402
-                                     spout_rate, table)
+from bench.policy_comparison import (SAMPLE_S, SCENARIOS, _cov, count_rate, diagnose, goals,  # noqa: E402
+                                     paced_cov, report_windows, spout_rate, table)
 
 
 def test_a_perfectly_paced_spout_scores_under_0_01_in_the_cov_bins() -> None:
@@ -78,6 +78,37 @@ def test_diagnose_reads_the_fast_branch_after_the_warmup_and_the_slow_queue_befo
     cov = next(line for line in out.splitlines() if line.startswith("| c |") and "0.100" in line)
     # a third of source_stop's 0.3; none's; the lowest stepwise run; the named one's; a paced spout's
     assert cov.startswith("| c | 0.100 | 0.300 | 0.100 | 0.300 | ")
+
+
+def test_every_scenario_but_e_reads_its_rate_cov_over_the_second_half_of_its_run() -> None:
+    # once steady: a search needs seconds to close in on the capacity, so the CoV is not read from the warmup
+    for key, sc in SCENARIOS.items():
+        if key == "e":
+            assert sc.steady == ((2.0, 3.0), (4.0, 8.0))
+            continue
+        assert sc.steady == ((sc.duration / 2, sc.duration),) and sc.duration >= 10.0
+
+
+def test_report_windows_are_the_ones_the_report_was_run_with_or_the_earlier_5_s_runs() -> None:
+    now = {"warmup_s": 1.5, "durations": {"a": 12.0, "e": 8.0},
+           "cov_windows": {"a": [[6.0, 12.0]], "e": [[2.0, 3.0], [4.0, 8.0]]}}
+    assert report_windows(now) == ({"a": 12.0, "e": 8.0}, {"a": [(6.0, 12.0)], "e": [(2.0, 3.0), (4.0, 8.0)]})
+    duration, windows = report_windows({"warmup_s": 1.5})      # a JSON file of an earlier matrix
+    assert duration["c"] == 5.0 and windows["c"] == [(1.5, 5.0)]
+    assert duration["e"] == 8.0 and windows["e"] == [(2.0, 3.0), (4.0, 8.0)]
+
+
+def test_diagnose_reads_a_paced_spout_over_the_reports_cov_window() -> None:
+    # a spout at 6,000/s to 4 s, then 300/s: the named policy's mean rate is read in the CoV window (4-5 s),
+    # where a paced spout scores 0.023 (0.002 at the mean rate from the warmup on)
+    series = [[round(t / 10, 1), int(6_000 * t / 10) if t <= 40 else 24_000 + int(300 * (t - 40) / 10), 0, None]
+              for t in range(0, 51)]
+    run = {"series": series, "rate_cov": 0.1}
+    cells = [{"scenario": "a", "acking": False, "policy": p, "runs": [run], "rate_cov": 0.3} for p in
+             ("none", "source_stop", "stepwise+hops")]
+    report = {"warmup_s": 1.5, "durations": {"a": 5.0}, "cov_windows": {"a": [[4.0, 5.0]]}, "cells": cells}
+    row = next(line for line in diagnose(report).splitlines() if line.startswith("| a |"))
+    assert row.endswith(f"| {paced_cov(300.0, 5.0, 4.0):.3f} |") and row.endswith("| 0.023 |")
 
 
 def test_report_of_the_stored_matrix_prints_the_diagnosis(capsys) -> None:
