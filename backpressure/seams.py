@@ -57,6 +57,11 @@ class TaskHandle(Protocol):
         ``step_from_recent_rate``; a driver not using that never calls it)."""
         ...
 
+    def dry_count(self) -> int:
+        """Rounds in which this spout's source had less to give than its limit allowed (0 for bolts): a
+        driver reads whether the limit was in use (stepwise's ``dry_release_window``)."""
+        ...
+
     def set_rate(self, tuples_per_second: float | None) -> None:
         """Limit this task's emits to this rate; None turns the limiter off (as before any signal)."""
         ...

@@ -101,6 +101,7 @@ class TaskState:
     version: tuple[int, int] = (0, 0)                       # (run id of the publisher, publish counter)
     ts: float = 0.0                                         # wall clock of the publish
     service_rate: float = 0.0                               # watermark: tuples/s executed while busy
+    dry: bool = False                                       # a spout whose source ran dry under its limit
 
     def encode(self) -> bytes:
         return msgpack.packb({
@@ -112,6 +113,7 @@ class TaskState:
             "applied": {t: list(a) for t, a in self.applied.items()}, "granted": self.granted,
             "step_age": self.step_age, "stepped_by": self.stepped_by,
             "version": list(self.version), "ts": self.ts, "service_rate": self.service_rate,
+            "dry": self.dry,
         })
 
     @classmethod
@@ -131,6 +133,7 @@ class TaskState:
             granted=_int_map(m, "granted"), step_age=_opt_float(m, "step_age"),
             stepped_by=_field(m, "stepped_by", int), version=(version[0], version[1]), ts=float(_field(m, "ts", (int, float))),
             service_rate=float(_field(m, "service_rate", (int, float))) if "service_rate" in m else 0.0,
+            dry=_field(m, "dry", bool) if "dry" in m else False,
         )
 
     def row(self) -> dict[str, Any]:

@@ -46,14 +46,15 @@ after the drain):
   default ``stepwise``, and its mean is the reference);
 * ``p50_ms`` / ``p99_ms``: spout-to-sink latency (every 8th tuple arriving after the warmup);
 * ``peak_queue``: the most any bolt queue held, over the hard bound;
-* ``rate_cov``: coefficient of variation of the spout's emit rate in 250 ms bins, once
+* ``rate_cov``: coefficient of variation of the spout's emit rate in 100 ms bins, once
   steady: over the second half of the run (6-12 s; a search needs a few seconds to
   close in on the capacity), except in (e), where it is the larger of the CoVs during
   the drop (2.0-3.0 s) and after the recovery (4.0-8.0 s), so the change of rate that
   any policy must make at the drop and the recovery is not counted (``rate_cov_all``
   in the JSON: from the warmup to the end; ``cov_windows``: the windows of each
-  scenario). Earlier matrices (JSON files without ``durations``) ran 5 s and read it
-  from the warmup on;
+  scenario; ``rate_cov_250ms``: the same windows in 250 ms bins). Earlier matrices (JSON
+  files without ``durations``) ran 5 s and read it from the warmup on in 250 ms bins,
+  which alias ``source_stop``'s on/off cycles of a few tenths of a second;
 * ``back_to_originv_s`` (e only): from the recovery until the spout's limit is off
   (or at the offered rate: ``originv``, under ``backpressure.originv_hold_ms``);
 * ``cpu`` (JSON only): the process's CPU seconds per second of the run, including the drain
@@ -132,21 +133,32 @@ VARIANTS: dict[str, dict[str, Any]] = {
                         "backpressure.release_window_ms": 50, "backpressure.queue_smoothing_ms": 50,
                         "backpressure.bracket_interpolate": True, "backpressure.hold_starved_upstream": True,
                         "backpressure.step_from_recent_rate": True},
+    # stepwise+recent that releases a spout whose source ran dry in the light window (its limit was not in use:
+    # an on/off source between bursts) only after 1 s of light (d: light read between bursts let the limit
+    # climb over the capacity, so the spout worked off what it owed in bursts and idled between them).
+    "stepwise+dry": {"backpressure.fine_steps": 16, "backpressure.bracket_search": True,
+                     "backpressure.release_window_ms": 50, "backpressure.queue_smoothing_ms": 50,
+                     "backpressure.bracket_interpolate": True, "backpressure.hold_starved_upstream": True,
+                     "backpressure.step_from_recent_rate": True, "backpressure.dry_release_window_ms": 1000},
 }
 # The variants a whole run measures (the others run when named with --policies; their last figures are
-# in BENCHMARKS.md): the two combinations named for the goals (stepwise+slopes is stepwise+hops without
-# hold_starved_upstream, the same rules wherever no relay bolt feeds the slow task).
-MATRIX_VARIANTS = ("stepwise+hops", "stepwise+recent")
+# in BENCHMARKS.md): the combinations named for the goals (stepwise+slopes is stepwise+hops without
+# hold_starved_upstream, the same rules wherever no relay bolt feeds the slow task), and the newest setting.
+MATRIX_VARIANTS = ("stepwise+hops", "stepwise+recent", "stepwise+dry")
 # Run --repeat times (the others once): the reference, the baseline the goals are read against, the
 # document's default and the named combination.
 REPEATED = ("none", "source_stop", "stepwise", "stepwise+search", "stepwise+slopes", "stepwise+hops",
-            "stepwise+recent")
+            "stepwise+recent", "stepwise+dry")
 # (g)'s fast bolt: tuples/s of service between its pauses. Low enough that the process has CPU to
 # spare (without a service rate the bolt was bound by the CPU both cores share, so `none` measured
 # no capacity: the load moved it, and policies that did less work per tuple scored over 1.0).
 G_SERVICE = 20_000.0
 SAMPLE_S = 0.05
-BIN_S = 0.25
+# The rate CoV's bins: short enough to see the on/off cycles of source_stop (a few tenths of a second:
+# in 250 ms bins, the bins of matrices before, its 200 <-> 13,000/s alternation every 100 ms in (a) with
+# acking scored 0.07, under none's 0.09) and long enough that a paced spout scores under 0.02 (paced_cov).
+BIN_S = 0.1
+EARLIER_BIN_S = 0.25     # kept beside it in the JSON (rate_cov_250ms), as earlier matrices read it
 PAD = "x" * 100
 BASE = {"queue.high_mark": "64KB", "queue.low_mark": "16KB", "queue.hard_bound": "128KB",
         "backpressure.sensitivity_ms": 200, "backpressure.step": 0.5, "drain_timeout_s": 30,
@@ -408,6 +420,7 @@ async def run_cell(sc: Scenario, policy: str, acking: bool, warmup: float,
     steady = [s for s in samples if warmup <= s[0] <= sc.duration]
     (ta, _, sa, _, _), (tb, _, sb, _, _) = steady[0], steady[-1]
     covs = [_cov(samples, lo, hi) for lo, hi in sc.steady or ((warmup, sc.duration),)]
+    covs250 = [_cov(samples, lo, hi, EARLIER_BIN_S) for lo, hi in sc.steady or ((warmup, sc.duration),)]
     expected = {n for n in range(box.emitted) if sc.expect(n)}
     lost = len(expected - box.seen.get("sink", set()))
     if "fast" in tasks:
@@ -419,6 +432,7 @@ async def run_cell(sc: Scenario, policy: str, acking: bool, warmup: float,
         "peak_queue": round(max(t.queue.peak_bytes for t in engine.tasks if t.queue is not None) / hard, 3),
         "rate_cov": None if None in covs else round(max(covs), 3),
         "rate_cov_all": _cov(samples, warmup, sc.duration),
+        "rate_cov_250ms": None if None in covs250 else round(max(covs250), 3),
         "emitted": box.emitted, "owed": round(box.owed), "stop_reason": result.reason,
         "cpu": round(cpu, 2),     # the process's CPU seconds per second of the run (1.0: a whole core)
         "series": [(round(s[0], 3), s[1], s[3], s[4]) for s in samples],
@@ -436,9 +450,11 @@ async def run_cell(sc: Scenario, policy: str, acking: bool, warmup: float,
     return out
 
 
-def _cov(samples: list[tuple[float, int, int, int, float | None]], lo: float, hi: float) -> float | None:
-    """CoV of the spout's emit rate in ``BIN_S`` bins between ``lo`` and ``hi`` seconds."""
-    bins = [s for s in samples if lo <= s[0] <= hi and round(s[0] / SAMPLE_S) % round(BIN_S / SAMPLE_S) == 0]
+def _cov(samples: list[tuple[float, int, int, int, float | None]], lo: float, hi: float,
+         bin_s: float | None = None) -> float | None:
+    """CoV of the spout's emit rate in ``bin_s`` (default ``BIN_S``) bins between ``lo`` and ``hi`` seconds."""
+    every = round((bin_s or BIN_S) / SAMPLE_S)
+    bins = [s for s in samples if lo <= s[0] <= hi and round(s[0] / SAMPLE_S) % every == 0]
     rates = [(b[1] - a[1]) / (b[0] - a[0]) for a, b in zip(bins, bins[1:]) if b[0] > a[0]]
     mean = statistics.fmean(rates) if rates else 0.0
     return round(statistics.pstdev(rates) / mean, 3) if mean > 0 else None
@@ -482,14 +498,14 @@ def measure(keys: str, warmup: float, repeat: int, policies: tuple[str, ...],
                 c["fast_steady_ratio"] = round(c["fast_steady_tps"] / steady, 3)
     return {"marks": {k: BASE[k] for k in ("queue.high_mark", "queue.low_mark", "queue.hard_bound")},
             "sensitivity_ms": BASE["backpressure.sensitivity_ms"], "warmup_s": warmup, "repeat": repeat,
-            "durations": {k: SCENARIOS[k].duration for k in keys},
+            "durations": {k: SCENARIOS[k].duration for k in keys}, "cov_bin_s": BIN_S,
             "cov_windows": {k: [list(w) for w in SCENARIOS[k].steady or ((warmup, SCENARIOS[k].duration),)]
                             for k in keys},
             "variants": variants, "python": platform.python_version(), "load": os.getloadavg(), "cells": cells}
 
 
-_KEYS = ("goodput", "lost", "p50_ms", "p99_ms", "peak_queue", "rate_cov", "back_to_originv_s", "fast_tps",
-         "fast_steady_tps")
+_KEYS = ("goodput", "lost", "p50_ms", "p99_ms", "peak_queue", "rate_cov", "rate_cov_250ms", "back_to_originv_s",
+         "fast_tps", "fast_steady_tps")
 
 
 def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -573,7 +589,7 @@ def goals(report: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def paced_cov(rate: float, duration: float, warmup: float) -> float | None:
+def paced_cov(rate: float, duration: float, warmup: float, bin_s: float | None = None) -> float | None:
     """The rate CoV a perfectly paced spout would score: ``rate`` tuples/s emitted up to 4 per call
     (as ``Source`` does), sampled every ``SAMPLE_S`` and binned as ``run_cell`` bins. What the
     binning alone adds to a rate that does not change (the resolution of the CoV goal)."""
@@ -582,7 +598,7 @@ def paced_cov(rate: float, duration: float, warmup: float) -> float | None:
         t = i * SAMPLE_S
         samples.append((t, 4 * int(rate * t / 4), 0, 0, None))
         i += 1
-    return _cov(samples, warmup, duration)
+    return _cov(samples, warmup, duration, bin_s)
 
 
 def spout_rate(series: list[list[Any]], lo: float, hi: float) -> float | None:
@@ -626,6 +642,7 @@ def diagnose(report: dict[str, Any], named: str = "stepwise+hops") -> str:
     had emitted by the warmup and the slow sink's queue at the stop (the last sample before it)."""
     cells, warmup = report["cells"], report["warmup_s"]
     duration, windows = report_windows(report)
+    bin_s = report.get("cov_bin_s", EARLIER_BIN_S)
 
     def cell(c: dict[str, Any], policy: str) -> dict[str, Any] | None:
         return next((x for x in cells if x["scenario"] == c["scenario"] and x["acking"] == c["acking"]
@@ -650,7 +667,7 @@ def diagnose(report: dict[str, Any], named: str = "stepwise+hops") -> str:
         rates = [v for r in (me or {}).get("runs", []) if (v := spout_rate(r["series"], lo, hi))]
         rows.append(f"| {name} | {fmt(ss and ss.get('rate_cov') and ss['rate_cov'] / 3)} | {fmt(c.get('rate_cov'))} | "
                     f"{fmt(min(low) if low else None)} | {fmt(me and me.get('rate_cov'))} | "
-                    f"{fmt(paced_cov(statistics.fmean(rates), hi, lo) if rates else None)} |")
+                    f"{fmt(paced_cov(statistics.fmean(rates), hi, lo, bin_s) if rates else None)} |")
         if c.get("fast_tps") is None:
             continue
         base = statistics.fmean(v for r in c["runs"] if (v := spout_rate(r["series"], warmup, end)))

@@ -335,3 +335,34 @@ def test_anchored_tree_acks_only_when_every_branch_is_done():
     run(b.build())
     assert spout.failed == [4]
     assert sorted(spout.acked) == list(range(10))
+
+
+class Trickle(Spout):
+    """Emits one tuple every other call (the other call finds its source empty), then ends."""
+
+    outputs = ["n"]
+
+    def __init__(self, total: int) -> None:
+        self.total, self.calls, self.i = total, 0, 0
+
+    def next_tuple(self) -> None:
+        if self.i >= self.total:
+            raise EndOfStream
+        self.calls += 1
+        if self.calls % 2:
+            self.collector.emit([self.i])
+            self.i += 1
+
+
+async def test_a_spout_counts_the_rounds_its_source_had_nothing_and_an_endless_one_counts_none():
+    # what stepwise's dry_release_window reads: a limit is not in use while the source runs dry
+    for spout, dry in ((Trickle(50), True), (Numbers(5_000), False)):
+        box: dict = {}
+        b = TopologyBuilder("dry", NO_BP)
+        b.spout("src", spout)
+        b.bolt("rec", Recorder(box)).shuffle("src")
+        engine = LocalEngine(b.build(), NO_BP)
+        await engine.run()
+        task = next(t for t in engine.tasks if t.component == "src")
+        assert (task.dry_count() > 0) is dry, type(spout).__name__
+        assert sum(len(v) for v in box.values()) == (50 if dry else 5_000)

@@ -20,7 +20,10 @@ was let go), and the return is to the ``originv`` in force. (c) and (f), the sce
 relay bolt, run once more with ``stepwise+hops`` (``hold_starved_upstream`` too: the slow task
 does not release the relay while the relay, throttling the spout, is starved): the chain must
 still unwind from the top, every limit back to ``originv``. In the other scenarios every upstream
-is a spout and the setting changes nothing.
+is a spout and the setting changes nothing. (d) and (e), the scenarios whose source runs dry (on/off,
+or caught up after the overload), run once more with ``stepwise+dry`` (``dry_release_window_ms``: light
+read while the spout's source ran dry releases it only after 1 s): the spout must still come back to
+``originv``, its source dry once the overload is lifted.
 
 Nothing here asserts on wall time; the waits only bound a hang.
 """
@@ -117,11 +120,17 @@ SETTINGS = {"": {}, "flat": {"backpressure.flat_queue_holds": True, "backpressur
             # the matrix's stepwise+hops row
             "hops": {"backpressure.fine_steps": 16, "backpressure.bracket_search": True,
                      "backpressure.release_window_ms": 50, "backpressure.queue_smoothing_ms": 50,
-                     "backpressure.bracket_interpolate": True, "backpressure.hold_starved_upstream": True}}
+                     "backpressure.bracket_interpolate": True, "backpressure.hold_starved_upstream": True},
+            # the matrix's stepwise+dry row
+            "dry": {"backpressure.fine_steps": 16, "backpressure.bracket_search": True,
+                    "backpressure.release_window_ms": 50, "backpressure.queue_smoothing_ms": 50,
+                    "backpressure.bracket_interpolate": True, "backpressure.hold_starved_upstream": True,
+                    "backpressure.step_from_recent_rate": True, "backpressure.dry_release_window_ms": 1000}}
 CASES = [(k, False, "") for k in BUILD] + [("a", True, ""), ("b", True, ""), ("d", False, "flat"),
                                            ("e", False, "flat")] + [(k, False, "search") for k in "bcef"] + [
                                            (k, False, "slopes") for k in "bcef"] + [
-                                           (k, False, "hops") for k in "cf"]
+                                           (k, False, "hops") for k in "cf"] + [
+                                           (k, False, "dry") for k in "de"]
 
 
 def _config(acking: bool, settings: str = "") -> Any:

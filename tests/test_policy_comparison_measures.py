@@ -7,27 +7,45 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.policy_comparison import (SAMPLE_S, SCENARIOS, _cov, count_rate, diagnose, goals,  # noqa: E402
+from bench.policy_comparison import (EARLIER_BIN_S, SAMPLE_S, SCENARIOS, _cov, count_rate, diagnose, goals,  # noqa: E402
                                      paced_cov, report_windows, spout_rate, table)
 
 
-def test_a_perfectly_paced_spout_scores_under_0_01_in_the_cov_bins() -> None:
-    # the slowest and fastest rates of the matrix: the bins resolve a steady rate to under 0.01
+def test_a_perfectly_paced_spout_scores_under_0_02_in_the_cov_bins() -> None:
+    # the slowest and fastest rates of the matrix: the 100 ms bins resolve a steady rate to under 0.02
     for rate in (1_250.0, 19_230.0):
-        cov = paced_cov(rate, 5.0, 1.5)
-        assert cov is not None and cov < 0.01
+        cov = paced_cov(rate, 12.0, 6.0)
+        assert cov is not None and cov < 0.02
+        earlier = paced_cov(rate, 5.0, 1.5, EARLIER_BIN_S)
+        assert earlier is not None and earlier < 0.01
 
 
-def test_the_cov_bins_see_a_rate_that_alternates_every_bin() -> None:
+def _alternating(period: float, slow: float, fast: float) -> list[tuple[float, int, int, int, None]]:
     samples, emitted = [], 0.0
     for i in range(int(5.0 / SAMPLE_S) + 1):
         t = i * SAMPLE_S
         samples.append((t, int(round(emitted)), 0, 0, None))
-        emitted += (1_000.0 if int(round(t / 0.25, 6)) % 2 == 0 else 1_500.0) * SAMPLE_S
+        emitted += (slow if int(round(t / period, 6)) % 2 == 0 else fast) * SAMPLE_S
+    return samples
+
+
+def test_the_cov_bins_see_a_rate_that_alternates_every_bin() -> None:
     # 1,000 and 1,500 tuples/s in turn: a standard deviation of 250 around a mean of 1,250
-    assert _cov(samples, 1.5, 5.0) == 0.2
+    assert _cov(_alternating(0.1, 1_000.0, 1_500.0), 1.5, 5.0) == pytest.approx(0.2, abs=0.002)
+    assert _cov(_alternating(0.25, 1_000.0, 1_500.0), 1.5, 5.0, EARLIER_BIN_S) == 0.2
+
+
+def test_the_cov_bins_see_an_on_off_cycle_of_a_fifth_of_a_second_that_250_ms_bins_average_away() -> None:
+    # source_stop's cycle in (a) with acking: 200 and 13,000 tuples/s, 100 ms each (a CoV of 0.97)
+    samples = _alternating(0.1, 200.0, 13_000.0)
+    cov = _cov(samples, 1.5, 5.0)
+    assert cov is not None and cov > 0.9
+    cov250 = _cov(samples, 1.5, 5.0, EARLIER_BIN_S)
+    assert cov250 is not None and cov250 < 0.25
 
 
 def test_spout_rate_reads_the_stored_series_between_two_times() -> None:
@@ -108,7 +126,10 @@ def test_diagnose_reads_a_paced_spout_over_the_reports_cov_window() -> None:
              ("none", "source_stop", "stepwise+hops")]
     report = {"warmup_s": 1.5, "durations": {"a": 5.0}, "cov_windows": {"a": [[4.0, 5.0]]}, "cells": cells}
     row = next(line for line in diagnose(report).splitlines() if line.startswith("| a |"))
-    assert row.endswith(f"| {paced_cov(300.0, 5.0, 4.0):.3f} |") and row.endswith("| 0.023 |")
+    assert row.endswith("| 0.023 |")          # a report without cov_bin_s: the earlier 250 ms bins
+    assert paced_cov(300.0, 5.0, 4.0, EARLIER_BIN_S) == 0.023
+    row = next(line for line in diagnose({**report, "cov_bin_s": 0.1}).splitlines() if line.startswith("| a |"))
+    assert row.endswith("| 0.067 |") and paced_cov(300.0, 5.0, 4.0, 0.1) == 0.067
 
 
 def test_report_of_the_stored_matrix_prints_the_diagnosis(capsys) -> None:

@@ -35,6 +35,7 @@ class FakeTask:
         self.q = 0
         self.rate = rate
         self.emitted = 0                    # the test counts what it "emits"
+        self.dry = 0                        # the test counts rounds its "source" ran dry
         self.limit: float | None = None
         self.history: list[float | None] = []
         self.stats = TaskStats("t", component, task_id, self.is_spout)
@@ -50,6 +51,9 @@ class FakeTask:
 
     def emitted_count(self) -> int:
         return self.emitted
+
+    def dry_count(self) -> int:
+        return self.dry
 
     def set_rate(self, tuples_per_second: float | None) -> None:
         self.limit = tuples_per_second
@@ -347,3 +351,30 @@ async def test_step_from_recent_rate_a_relay_released_by_its_downstream_forgets_
         sink.q = 0                                  # the sink releases the relay
         await until(lambda: relay.limit is None or relay.limit > limited, 5, what="the relay's limit rose")
         assert 1 not in fc.downstreams[2].over and fc.throttles[1].k > 0
+
+
+@pytest.mark.parametrize("window", [1.0, 0.0])
+async def test_dry_release_window_a_throttled_spout_publishes_when_its_source_runs_dry_and_when_it_binds_again(
+        backend: Backend, window: float) -> None:
+    from dataclasses import replace
+    params = replace(PARAMS, dry_release_window=window)
+    spout, bolt = FakeTask(1, "spout", rate=4_000.0), FakeTask(2, "bolt", [1])
+    fc = StepwiseFlowControl(params, backend.coordinator(), period=0.02, heartbeat=30.0, grace=1.5)
+    await fc.start([spout, bolt])
+    try:
+        spout.dry += 5                            # dry while not throttled: its limit is not what idles it
+        await asyncio.sleep(0.1)
+        assert 1 in fc.states and not fc.states[1].dry
+        bolt.q = HIGH
+        fc.poll(bolt)
+        await until(lambda: spout.limit == 2_000.0 and fc.states[1].k == 1, what="stepped")
+        spout.dry += 1                            # its source ran dry under the limit
+        if window:
+            await until(lambda: fc.states[1].dry, 1.0, what="the dry spout published")
+            await asyncio.sleep(0.1)              # no more dry rounds: it binds again
+            await until(lambda: not fc.states[1].dry, 1.0, what="binding again published")
+        else:
+            await asyncio.sleep(0.1)
+            assert not fc.states[1].dry
+    finally:
+        await fc.stop()

@@ -399,7 +399,7 @@ def test_signal_and_state_round_trip() -> None:
     st = TaskState(task=3, component="spout", spout=True, rate=5000.0, originv=20000.0, k=2,
                    backpressure=True, queue_bytes=12, high_mark=HIGH, low_mark=LOW,
                    holds={1: 2}, seq=4, applied={7: (3, 99)}, granted={7: 2}, step_age=0.25,
-                   stepped_by=7, version=(5, 6), ts=1.0)
+                   stepped_by=7, version=(5, 6), ts=1.0, dry=True)
     assert TaskState.decode(st.encode()) == st
 
 
@@ -1351,6 +1351,108 @@ def test_hold_starved_upstream_comes_from_the_config_and_is_off_by_default() -> 
     from topo.config import resolve
     assert not StepwiseParams.from_config(resolve({})).hold_starved
     assert StepwiseParams.from_config(resolve({"backpressure.hold_starved_upstream": True})).hold_starved
+
+
+# -- dry_release_window_ms (a setting; off in the document) ----------------------------------------------
+
+class DrySpout:
+    """What a downstream sees of a spout upstream: its throttle and, as published, whether its source ran dry
+    under its limit (``dry``: the latest state says so; ``dry_at``: when a state saying so last arrived)."""
+
+    def __init__(self, w: World, u: int) -> None:
+        self.th = w.throttle(u)
+        self.dry = False
+        self.dry_at: float | None = None
+        w.view = self.view                  # type: ignore[method-assign]
+
+    def view(self, u: int) -> UpstreamView:
+        return replace(view_of(self.th), dry=self.dry, dry_at=self.dry_at)
+
+
+def _dry_held_once(window: float = 5.0) -> tuple[World, Downstream, DrySpout]:
+    params = replace(P, dry_release_window=window)
+    w = World(params, rates={1: 8_000.0})
+    spout = DrySpout(w, 1)
+    d = Downstream(10, [1], params, now=0.0)
+    w.check(d, 0.0, HIGH)
+    assert spout.th.k == 1
+    return w, d, spout
+
+
+def test_dry_release_window_light_read_while_the_spout_ran_dry_releases_it_only_after_the_longer_window() -> None:
+    w, d, spout = _dry_held_once()
+    spout.dry, spout.dry_at = True, 0.4       # an on/off source between bursts: its limit is not in use
+    t = 0.49
+    while t < 5.49:                           # the low mark holds from 0.5 s: the light window (2 s) passes at 2.5
+        t = round(t + 0.01, 2)
+        tick(w, d, t, 0)
+        assert spout.th.k == 1, t
+    assert d.low_since == 0.5                 # the light spell goes on: a withheld release does not restart it
+    tick(w, d, 5.5, 0)                        # 5 s of light: released
+    assert spout.th.k == 0 and spout.th.rate is None and spout.th.originv == 8_000.0
+
+
+def test_dry_release_window_a_spout_dry_only_before_the_light_window_is_released_at_the_light_window() -> None:
+    for dry_at, released_at in ((0.49, 2.5), (0.5, 5.5)):    # the window starts at 0.5 s: the edge counts in it
+        w, d, spout = _dry_held_once()
+        spout.dry_at = dry_at                 # no longer dry (its latest state), dry last seen then
+        t = _until_released(w, d, spout.th, 0.49, 0, limit=10.0)
+        assert t == released_at, dry_at
+
+
+def test_dry_release_window_a_spout_that_ran_dry_in_the_window_then_bound_again_waits_the_longer_window() -> None:
+    w, d, spout = _dry_held_once()
+    spout.dry_at = 1.0                        # dry a while inside the light spell, binding again since
+    assert _until_released(w, d, spout.th, 0.49, 0, limit=10.0) == 5.5
+
+
+def test_dry_release_window_off_releases_a_dry_spout_at_the_light_window_as_document_000() -> None:
+    w, d, spout = _dry_held_once(window=0.0)
+    spout.dry, spout.dry_at = True, 0.4
+    assert _until_released(w, d, spout.th, 0.49, 0, limit=10.0) == 2.5
+
+
+def test_dry_release_window_a_window_shorter_than_the_light_window_changes_nothing() -> None:
+    w, d, spout = _dry_held_once(window=1.0)
+    spout.dry, spout.dry_at = True, 0.4
+    assert _until_released(w, d, spout.th, 0.49, 0, limit=10.0) == 2.5
+
+
+def test_dry_release_window_peer_states_carry_a_spouts_dry_flag_and_when_it_was_last_seen_dry() -> None:
+    peers, _ = _peers()
+    dry = TaskState(task=6, spout=True, dry=True, version=(8, 1))
+    bound = replace(dry, dry=False, version=(8, 2))
+    peers.update(6, dry, 1.0, lambda t: 0.0)
+    v = peers.view(6)
+    assert v is not None and v.dry and v.dry_at == 1.0 and v.ran_dry(since=5.0)   # still dry: any window
+    peers.update(6, bound, 1.5, lambda t: 0.0)    # dry until this state came: dry when the light began at 1.2
+    v = peers.view(6)
+    assert v is not None and not v.dry and v.dry_at == 1.5
+    assert v.ran_dry(since=1.2) and v.ran_dry(since=1.5) and not v.ran_dry(since=1.6)
+    peers.update(6, replace(bound, version=(8, 3)), 2.0, lambda t: 0.0)   # binding on: the end stays where it was
+    v = peers.view(6)
+    assert v is not None and v.dry_at == 1.5 and not v.ran_dry(since=1.6)
+    never = TaskState(task=7, spout=True, version=(9, 1))
+    peers.update(7, never, 2.0, lambda t: 0.0)
+    v7 = peers.view(7)
+    assert v7 is not None and not v7.ran_dry(since=0.0)
+
+
+def test_dry_release_window_comes_from_the_config_in_milliseconds_and_is_off_by_default() -> None:
+    from topo.config import ConfigError, resolve
+    assert StepwiseParams.from_config(resolve({})).dry_release_window == 0.0
+    assert StepwiseParams.from_config(resolve({"backpressure.dry_release_window_ms": 1000})).dry_release_window == 1.0
+    with pytest.raises(ConfigError, match="dry_release_window_ms"):
+        resolve({"backpressure.dry_release_window_ms": -1})
+
+
+def test_a_state_without_the_dry_flag_decodes_as_not_dry() -> None:
+    import msgpack
+    st = TaskState(task=3, spout=True, dry=True, version=(5, 6))
+    assert TaskState.decode(st.encode()).dry
+    older = msgpack.unpackb(st.encode())
+    del older["dry"]                          # a publisher from before the setting
+    assert not TaskState.decode(msgpack.packb(older)).dry
 
 
 def test_release_below_overload_releases_one_part_at_a_time_for_sensitivity_after_light_where_it_overloaded() -> None:

@@ -77,6 +77,9 @@ class StepwiseFlowControl:
         self._idle: dict[int, bool] = {}               # hold_starved: bolt task -> its queue was idle
         self._idle_published: dict[int, float] = {}    # hold_starved: when it last published for that
         self._recent: dict[int, CountWindow] = {}      # step_from_recent_rate: task -> its emitted count
+        self._dry_seen: dict[int, int] = {}            # dry_release_window: spout task -> dry count last tick
+        self._dry: dict[int, bool] = {}                # dry_release_window: it ran dry under its limit
+        self._dry_published: dict[int, tuple[float, bool]] = {}   # (when, what) it last published of that
 
     @property
     def states(self) -> dict[int, TaskState]:
@@ -121,6 +124,24 @@ class StepwiseFlowControl:
                 and now - self._idle_published.get(d.task_id, -1e9) >= self.params.light_window / 4):
             self._idle_published[d.task_id] = now
             self._publish(d.task_id)
+
+    def _watch_dry(self, now: float) -> None:
+        """``dry_release_window``: whether each spout's source ran dry under its limit since the last tick;
+        a change is published at once (at most every quarter light window; a change held back goes out at
+        a later tick), so a downstream's light window knows whether the limit was in use in it."""
+        if not self.params.dry_release_window:
+            return
+        for task_id, h in self.handles.items():
+            if not h.is_spout:
+                continue
+            n = h.dry_count()
+            dry = n != self._dry_seen.get(task_id, n) and self.throttles[task_id].rate is not None
+            self._dry_seen[task_id] = n
+            self._dry[task_id] = dry
+            when, said = self._dry_published.get(task_id, (-1e9, False))
+            if dry != said and now - when >= self.params.light_window / 4:
+                self._dry_published[task_id] = (now, dry)
+                self._publish(task_id)
 
     async def stop(self) -> None:
         if not self._running:
@@ -224,6 +245,7 @@ class StepwiseFlowControl:
             await asyncio.sleep(self.period)
             now = self.clock()
             self._sample_recent(now)
+            self._watch_dry(now)
             for task_id, th in self.throttles.items():
                 change = (th.refresh(self._rate_of(task_id), now, self._recent_of(task_id))
                           if th.holds and not th.in_episode else th.tick(now))
@@ -265,7 +287,7 @@ class StepwiseFlowControl:
             observed_rate=float(h.observed_rate()), holds=dict(d.wants) if d else {},
             seq=d.seq if d else 0, applied=dict(th.applied), granted=dict(th.holds),
             step_age=th.step_age(now), stepped_by=th.stepped_by, version=(self.run, self._version),
-            ts=time.time())
+            ts=time.time(), dry=self._dry.get(task_id, False))
 
     def _publish(self, task_id: int) -> None:
         self._version += 1

@@ -240,6 +240,22 @@ admits then), so they are no evidence against those rates once it admits more. W
 releases of the spout crept through that stale bracket, one part at a time, while the slow task ran out of
 backlog: it idled for about half a second after its first episode (goodput 0.92-0.94 in (c) with acking).
 
+Light read while a spout's source ran dry (a setting; off in the document)
+-------------------------------------------------------------------------
+``dry_release_window``: a throttled spout whose source had less to emit than its limit allowed (an on/off
+source between bursts, or one that has caught up) does not use that limit, so a light queue under it says
+nothing of the limit: releasing on it lets the limit climb past the capacity, and at the next burst the spout
+works off what it owes at that limit, over the capacity, then idles again (the overload matrix's (d), where
+the search settled about 15 % over the capacity and the spout's rate swung with the source). With this
+setting a light window in which the spout ran dry (its published state says it is dry, or one that said so
+arrived since the window began) releases it only once the low mark has held ``dry_release_window``; the light
+spell is not restarted meanwhile. Light read while the limit bound releases as before, so a spout that owes a
+backlog (it never runs dry) still finds the capacity at the light window; and a source that has caught up is
+still let go, one step per ``dry_release_window``, back to ``originv``. The same reading as TCP's congestion
+window validation (RFC 7661), which ``hold_starved`` applies to a relay bolt. The runtime counts a spout's
+rounds in which its source had less than a chunk (``TaskHandle.dry_count``); the driver samples it on its
+timer and publishes at once when a throttled spout turns dry or binding again.
+
 Two more settings (off in the document)
 ---------------------------------------
 * ``release_window``: the low mark must hold this long (instead of ``sensitivity``)
@@ -291,6 +307,7 @@ class StepwiseParams:
     hold_starved: bool = False          # no release of an upstream bolt starved by its own backpressure
     release_below_overload: bool = False  # bracket_search: one part per release just after light read where it overloaded
     step_from_recent_rate: bool = False  # once an episode: a step under what the upstream emitted just now
+    dry_release_window: float = 0.0     # seconds of light before releasing a spout that ran dry in them (0: off)
     hard_bound: int | None = None       # queue bytes at which emit waits (None: 2 x high_mark)
 
     def __post_init__(self) -> None:
@@ -301,9 +318,10 @@ class StepwiseParams:
         if self.sensitivity <= 0 or self.rate_floor <= 0 or self.resend_factor <= 0:
             raise ValueError("sensitivity, rate_floor and resend_factor must be > 0")
         if self.fine_steps < 1 or min(self.originv_memory, self.originv_hold, self.queue_smoothing,
-                                      self.release_window, self.bracket_light_window) < 0:
+                                      self.release_window, self.bracket_light_window,
+                                      self.dry_release_window) < 0:
             raise ValueError("fine_steps must be >= 1; originv_memory, originv_hold, queue_smoothing, "
-                             "release_window, bracket_light_window >= 0")
+                             "release_window, bracket_light_window, dry_release_window >= 0")
 
     @property
     def light_window(self) -> float:
@@ -351,6 +369,7 @@ class StepwiseParams:
                    hold_starved=bool(config.get("backpressure.hold_starved_upstream", False)),
                    release_below_overload=bool(config.get("backpressure.release_below_overload", False)),
                    step_from_recent_rate=bool(config.get("backpressure.step_from_recent_rate", False)),
+                   dry_release_window=float(config.get("backpressure.dry_release_window_ms", 0.0)) / 1000.0,
                    hard_bound=None if config.get("queue.hard_bound") is None else int(config["queue.hard_bound"]))
 
 
@@ -386,6 +405,8 @@ class UpstreamView:
     queue_bytes: int | None = None      # its input queue (None: a spout, or not published)
     holding: bool = False               # it holds steps on its own upstreams
     idle_at: float | None = None        # the last state that showed its queue idle arrived then
+    dry: bool = False                   # a spout: its source ran dry under its limit (last state)
+    dry_at: float | None = None         # the last state that showed it dry, or the first after it, arrived then
 
     def starved(self, low_mark: int, since: float | None = None) -> bool:
         """``hold_starved``: a bolt whose queue is idle (at most 1/32 of the low mark) while it holds its
@@ -395,6 +416,12 @@ class UpstreamView:
             return False
         return self.queue_bytes <= low_mark / 32 or (
             since is not None and self.idle_at is not None and self.idle_at >= since)
+
+
+    def ran_dry(self, since: float) -> bool:
+        """``dry_release_window``: a spout whose source ran dry under its limit at any time since ``since``
+        (as its published states showed it) did not use that limit then."""
+        return self.dry or (self.dry_at is not None and self.dry_at >= since)
 
 
 _NO_VIEW = UpstreamView()
@@ -566,6 +593,9 @@ class Downstream:
                     if p.hold_starved and v is not None and v.starved(p.low_mark, self.low_since):
                         starved = True    # its limit is not in use: this light queue says nothing of it
                         continue
+                    if (p.dry_release_window and v is not None and v.ran_dry(self.low_since)
+                            and now - self.low_since < p.dry_release_window):
+                        continue          # its source ran dry in the window: light must hold longer
                     out.append(self._move(u, RELEASE, now, None if v is None else v.k, queue_bytes,
                                           None if v is None else v.originv))
                     released = True
@@ -1038,6 +1068,7 @@ class PeerStates:
         self.gone_since: dict[int, float] = {}
         self.retired: dict[int, set[int]] = {}      # task -> runs a newer run replaced
         self.idle_at: dict[int, float] = {}         # bolt task -> when a state showing its queue idle came
+        self.dry_at: dict[int, float] = {}          # spout task -> when a state showing it dry came
 
     def alive(self, task: int) -> bool:
         """Whether ``task`` is one of ours or has a published state (signals from others are dropped)."""
@@ -1070,11 +1101,13 @@ class PeerStates:
         self.states[task] = state
         if not state.spout and state.queue_bytes <= state.low_mark / 32:
             self.idle_at[task] = now
+        if state.dry or (old is not None and old.dry):
+            self.dry_at[task] = now     # dry, or dry until this state (the first since that is not)
         self.views[task] = UpstreamView(
             state.k, state.at_floor, state.applied, state.granted,
             None if state.step_age is None else now - state.step_age, state.stepped_by, state.originv,
             None if state.spout else state.queue_bytes, any(h > 0 for h in state.holds.values()),
-            self.idle_at.get(task))
+            self.idle_at.get(task), state.dry, self.dry_at.get(task))
         for tid, th in self.throttles.items():
             held = state.holds.get(tid, 0)
             if held or task in th.holds:

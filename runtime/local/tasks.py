@@ -163,6 +163,7 @@ class _TaskBase:
         self.acker = wiring.acker
         self.dead_letters = wiring.dead_letters
         self.limiter = RateLimiter()
+        self.dry_rounds = 0               # a spout: rounds in which its source had less than a chunk
         self.emit_meter = EwmaRate()      # observed emit rate (a meter; the limit is the limiter's)
         self.executed_meter = EwmaRate()  # processed (executed) input tuples/s
         self.clock: Callable[[], float] = time.monotonic
@@ -199,6 +200,9 @@ class _TaskBase:
 
     def emitted_count(self) -> int:
         return self.stats.emitted
+
+    def dry_count(self) -> int:
+        return self.dry_rounds
 
     def set_rate(self, tuples_per_second: float | None) -> None:
         if tuples_per_second is None:
@@ -456,6 +460,8 @@ class SpoutTask(_TaskBase):
                 dry = True
             else:
                 self.consecutive_errors = 0
+            if dry:
+                self.dry_rounds += 1
             collector.close_batch()     # (batch granularity: this round's tuples are one root)
             emitted = collector.emitted - before
             run.spout_emitted += emitted
