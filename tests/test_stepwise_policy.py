@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 
@@ -1212,13 +1212,15 @@ class Relay:
         return replace(view_of(self.th), queue_bytes=self.queue, holding=self.holding)
 
 
-def _held_once(params: StepwiseParams = replace(P, hold_starved=True)) -> tuple[World, Downstream, Relay]:
+def _held_once(params: StepwiseParams = replace(P, hold_starved=True),
+               upstream: Callable[[World, int], Any] = Relay) -> tuple[World, Downstream, Any]:
+    """Task 10 overloaded once: its upstream 1 (8,000/s, seen through ``upstream``) holds one step."""
     w = World(params, rates={1: 8_000.0})
-    relay = Relay(w, 1)
+    up = upstream(w, 1)
     d = Downstream(10, [1], params, now=0.0)
     w.check(d, 0.0, HIGH)
-    assert relay.th.k == 1
-    return w, d, relay
+    assert up.th.k == 1
+    return w, d, up
 
 
 def test_hold_starved_no_release_of_a_relay_bolt_starved_by_its_own_backpressure() -> None:
@@ -1370,13 +1372,7 @@ class DrySpout:
 
 
 def _dry_held_once(window: float = 5.0) -> tuple[World, Downstream, DrySpout]:
-    params = replace(P, dry_release_window=window)
-    w = World(params, rates={1: 8_000.0})
-    spout = DrySpout(w, 1)
-    d = Downstream(10, [1], params, now=0.0)
-    w.check(d, 0.0, HIGH)
-    assert spout.th.k == 1
-    return w, d, spout
+    return _held_once(replace(P, dry_release_window=window), DrySpout)
 
 
 def test_dry_release_window_light_read_while_the_spout_ran_dry_releases_it_only_after_the_longer_window() -> None:
