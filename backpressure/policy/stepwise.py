@@ -247,9 +247,10 @@ source between bursts, or one that has caught up) does not use that limit, so a 
 nothing of the limit: releasing on it lets the limit climb past the capacity, and at the next burst the spout
 works off what it owes at that limit, over the capacity, then idles again (the overload matrix's (d), where
 the search settled about 15 % over the capacity and the spout's rate swung with the source). With this
-setting a light window in which the spout ran dry (its published state says it is dry, or one that said so
-arrived since the window began) releases it only once the low mark has held ``dry_release_window``; the light
-spell is not restarted meanwhile. Light read while the limit bound releases as before, so a spout that owes a
+setting a light window in which the spout ran dry (its latest published state says it is dry, or a dry spell
+ended after the window began: a peer counts it dry until the first state that is not) releases it only once
+the low mark has held ``dry_release_window``; the light spell is not restarted meanwhile. Light read while the
+limit bound releases as before, so a spout that owes a
 backlog (it never runs dry) still finds the capacity at the light window; and a source that has caught up is
 still let go, one step per ``dry_release_window``, back to ``originv``. The same reading as TCP's congestion
 window validation (RFC 7661), which ``hold_starved`` applies to a relay bolt. The runtime counts a spout's
@@ -416,7 +417,6 @@ class UpstreamView:
             return False
         return self.queue_bytes <= low_mark / 32 or (
             since is not None and self.idle_at is not None and self.idle_at >= since)
-
 
     def ran_dry(self, since: float) -> bool:
         """``dry_release_window``: a spout whose source ran dry under its limit at any time since ``since``
@@ -1068,7 +1068,7 @@ class PeerStates:
         self.gone_since: dict[int, float] = {}
         self.retired: dict[int, set[int]] = {}      # task -> runs a newer run replaced
         self.idle_at: dict[int, float] = {}         # bolt task -> when a state showing its queue idle came
-        self.dry_at: dict[int, float] = {}          # spout task -> when a state showing it dry came
+        self.dry_at: dict[int, float] = {}          # spout task -> when a dry state, or the first after it, came
 
     def alive(self, task: int) -> bool:
         """Whether ``task`` is one of ours or has a published state (signals from others are dropped)."""
