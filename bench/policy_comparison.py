@@ -283,6 +283,10 @@ class Scenario:
     offered: float | None = None          # (e) the source's rate: what "back to originv" means
     steady: tuple[tuple[float, float], ...] = ()   # where the rate CoV is read (empty: warmup to the end)
 
+    def cov_windows(self, warmup: float) -> tuple[tuple[float, float], ...]:
+        """The windows the rate CoV is read over: ``steady``, or from the warmup to the end."""
+        return self.steady or ((warmup, self.duration),)
+
 
 def _const(c: float) -> Callable[[float], float]:
     return lambda t: c
@@ -419,8 +423,8 @@ async def run_cell(sc: Scenario, policy: str, acking: bool, warmup: float,
     probe.cancel()
     steady = [s for s in samples if warmup <= s[0] <= sc.duration]
     (ta, _, sa, _, _), (tb, _, sb, _, _) = steady[0], steady[-1]
-    covs = [_cov(samples, lo, hi) for lo, hi in sc.steady or ((warmup, sc.duration),)]
-    covs250 = [_cov(samples, lo, hi, EARLIER_BIN_S) for lo, hi in sc.steady or ((warmup, sc.duration),)]
+    covs = [_cov(samples, lo, hi) for lo, hi in sc.cov_windows(warmup)]
+    covs250 = [_cov(samples, lo, hi, EARLIER_BIN_S) for lo, hi in sc.cov_windows(warmup)]
     expected = {n for n in range(box.emitted) if sc.expect(n)}
     lost = len(expected - box.seen.get("sink", set()))
     if "fast" in tasks:
@@ -499,8 +503,7 @@ def measure(keys: str, warmup: float, repeat: int, policies: tuple[str, ...],
     return {"marks": {k: BASE[k] for k in ("queue.high_mark", "queue.low_mark", "queue.hard_bound")},
             "sensitivity_ms": BASE["backpressure.sensitivity_ms"], "warmup_s": warmup, "repeat": repeat,
             "durations": {k: SCENARIOS[k].duration for k in keys}, "cov_bin_s": BIN_S,
-            "cov_windows": {k: [list(w) for w in SCENARIOS[k].steady or ((warmup, SCENARIOS[k].duration),)]
-                            for k in keys},
+            "cov_windows": {k: [list(w) for w in SCENARIOS[k].cov_windows(warmup)] for k in keys},
             "variants": variants, "python": platform.python_version(), "load": os.getloadavg(), "cells": cells}
 
 
