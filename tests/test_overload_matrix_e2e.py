@@ -23,7 +23,9 @@ still unwind from the top, every limit back to ``originv``. In the other scenari
 is a spout and the setting changes nothing. (d) and (e), the scenarios whose source runs dry (on/off,
 or caught up after the overload), run once more with ``stepwise+dry`` (``dry_release_window_ms``: light
 read while the spout's source ran dry releases it only after 1 s): the spout must still come back to
-``originv``, its source dry once the overload is lifted.
+``originv``, its source dry once the overload is lifted. (c) and (e) run once more with ``stepwise+drain``
+(``drain_margin_parts``: a step down inside a bracket goes half a step under the rate found light): the
+releases that follow must still bring every limit back to ``originv`` exactly.
 
 Nothing here asserts on wall time; the waits only bound a hang.
 """
@@ -125,12 +127,19 @@ SETTINGS = {"": {}, "flat": {"backpressure.flat_queue_holds": True, "backpressur
             "dry": {"backpressure.fine_steps": 16, "backpressure.bracket_search": True,
                     "backpressure.release_window_ms": 50, "backpressure.queue_smoothing_ms": 50,
                     "backpressure.bracket_interpolate": True, "backpressure.hold_starved_upstream": True,
-                    "backpressure.step_from_recent_rate": True, "backpressure.dry_release_window_ms": 1000}}
+                    "backpressure.step_from_recent_rate": True, "backpressure.dry_release_window_ms": 1000},
+            # the matrix's stepwise+drain row
+            "drain": {"backpressure.fine_steps": 16, "backpressure.bracket_search": True,
+                      "backpressure.release_window_ms": 50, "backpressure.queue_smoothing_ms": 50,
+                      "backpressure.bracket_interpolate": True, "backpressure.hold_starved_upstream": True,
+                      "backpressure.step_from_recent_rate": True, "backpressure.dry_release_window_ms": 1000,
+                      "backpressure.drain_margin_parts": 8}}
 CASES = [(k, False, "") for k in BUILD] + [("a", True, ""), ("b", True, ""), ("d", False, "flat"),
                                            ("e", False, "flat")] + [(k, False, "search") for k in "bcef"] + [
                                            (k, False, "slopes") for k in "bcef"] + [
                                            (k, False, "hops") for k in "cf"] + [
-                                           (k, False, "dry") for k in "de"]
+                                           (k, False, "dry") for k in "de"] + [
+                                           (k, False, "drain") for k in "ce"]
 
 
 def _config(acking: bool, settings: str = "") -> Any:

@@ -909,6 +909,51 @@ def test_bracket_search_an_overload_where_it_was_light_costs_one_part_then_doubl
     assert ks == [7, 9, 13, 21]           # one part, then 2, 4, and a whole step (8) at most
 
 
+@pytest.mark.parametrize("margin, expect", [(0, 6), (1, 9), (3, 11)])
+def test_drain_margin_a_step_down_inside_the_bracket_goes_that_many_parts_under_light(margin: int, expect: int) -> None:
+    w, d, th, params = _searching()
+    d.params = params = replace(params, drain_margin=margin)
+    w.check(d, 0.0, HIGH)                 # no light known: a whole step (the margin needs one)
+    assert th.k == 8
+    w.check(d, 2.0, 0)
+    w.check(d, 4.0, 0)                    # light at 8: the middle of (0, 8)
+    assert th.k == 4
+    w.check(d, 6.0, HIGH)                 # over at 4, light at 8: the middle (6), or margin parts under 8
+    assert th.k == expect
+    w.check(d, 8.0, 0)
+    w.check(d, 10.0, 0)                   # releases are unchanged: the middle of (over, the rate read light)
+    assert th.k == (4 + expect) // 2
+    t = 10.0
+    while th.k:
+        t += 2.0
+        w.check(d, t, 0)
+    assert th.rate is None and th.nominal_rate == 20_000.0 == th.originv
+
+
+def test_drain_margin_an_overload_where_it_was_light_still_creeps_one_part() -> None:
+    w, d, th, params = _searching()
+    d.params = replace(params, drain_margin=3)
+    w.check(d, 0.0, HIGH)                 # 8
+    w.check(d, 2.0, 0)
+    w.check(d, 4.0, 0)                    # light at 8: 4
+    w.check(d, 6.0, HIGH)                 # over at 4: three parts under light, 11
+    assert th.k == 11
+    w.check(d, 8.0, HIGH)                 # overloaded at 11, past light (8): the capacity fell, one part
+    assert th.k == 12
+    w.check(d, 10.0, HIGH)                # light dropped: 2 parts, no margin
+    assert th.k == 14
+
+
+def test_drain_margin_comes_from_the_config_in_parts_and_is_off_by_default() -> None:
+    from topo.config import ConfigError, resolve
+    assert StepwiseParams.from_config(resolve({})).drain_margin == 0
+    assert StepwiseParams.from_config(resolve({"backpressure.drain_margin_parts": 8})).drain_margin == 8
+    with pytest.raises(ConfigError, match="drain_margin_parts"):
+        resolve({"backpressure.drain_margin_parts": -1})
+    with pytest.raises(ValueError, match="drain_margin"):
+        StepwiseParams(drain_margin=-1)
+
+
 def test_bracket_search_a_light_window_where_it_overloaded_releases_one_part_then_doubling() -> None:
     w, d, th, _ = _searching()
     w.check(d, 0.0, HIGH)                 # 8

@@ -257,6 +257,21 @@ window validation (RFC 7661), which ``hold_starved`` applies to a relay bolt. Th
 rounds in which its source had less than a chunk (``TaskHandle.dry_count``); the driver samples it on its
 timer and publishes at once when a throttled spout turns dry or binding again.
 
+A step down that drains the backlog (a setting; off in the document)
+-------------------------------------------------------------------
+``drain_margin`` (with ``bracket_search``): a step down while a rate found light is known goes at least
+``drain_margin`` parts of a step under that rate, not only to the middle of the bracket. Inside a narrow
+bracket the search moves one part at a time, and a rate one part over or under the capacity leaves the queue
+standing over the high mark for seconds: it rises until the rate is under the capacity and then drains at a
+few percent of it. Under the rate that once let the queue fall to the low mark, the backlog over the high mark
+drains within about a second, and the next light window releases back into the bracket, so the queue
+cycles between the marks (as the document's whole steps do) instead of sitting over the high mark (the
+overload matrix's (c) with acking: the slow task's queue stood at 70-90 KB, over the 64 KB mark, for a
+second or more per cycle, and the relay's at the hard bound; p99 latency over ``source_stop``'s). An
+overload read at or past ``light`` (which drops it: the capacity fell) creeps as before. ``k`` is still
+granted at most one whole step per signal, and releases are unchanged, so the rate still comes back to
+``originv`` exactly.
+
 Two more settings (off in the document)
 ---------------------------------------
 * ``release_window``: the low mark must hold this long (instead of ``sensitivity``)
@@ -309,6 +324,7 @@ class StepwiseParams:
     release_below_overload: bool = False  # bracket_search: one part per release just after light read where it overloaded
     step_from_recent_rate: bool = False  # once an episode: a step under what the upstream emitted just now
     dry_release_window: float = 0.0     # seconds of light before releasing a spout that ran dry in them (0: off)
+    drain_margin: int = 0               # bracket_search: a step down goes at least this many parts under `light`
     hard_bound: int | None = None       # queue bytes at which emit waits (None: 2 x high_mark)
 
     def __post_init__(self) -> None:
@@ -318,10 +334,10 @@ class StepwiseParams:
             raise ValueError("low_mark must be below high_mark")
         if self.sensitivity <= 0 or self.rate_floor <= 0 or self.resend_factor <= 0:
             raise ValueError("sensitivity, rate_floor and resend_factor must be > 0")
-        if self.fine_steps < 1 or min(self.originv_memory, self.originv_hold, self.queue_smoothing,
+        if self.fine_steps < 1 or self.drain_margin < 0 or min(self.originv_memory, self.originv_hold, self.queue_smoothing,
                                       self.release_window, self.bracket_light_window,
                                       self.dry_release_window) < 0:
-            raise ValueError("fine_steps must be >= 1; originv_memory, originv_hold, queue_smoothing, "
+            raise ValueError("fine_steps must be >= 1; drain_margin, originv_memory, originv_hold, queue_smoothing, "
                              "release_window, bracket_light_window, dry_release_window >= 0")
 
     @property
@@ -371,6 +387,7 @@ class StepwiseParams:
                    release_below_overload=bool(config.get("backpressure.release_below_overload", False)),
                    step_from_recent_rate=bool(config.get("backpressure.step_from_recent_rate", False)),
                    dry_release_window=float(config.get("backpressure.dry_release_window_ms", 0.0)) / 1000.0,
+                   drain_margin=int(config.get("backpressure.drain_margin_parts", 0)),
                    hard_bound=None if config.get("queue.hard_bound") is None else int(config["queue.hard_bound"]))
 
 
@@ -752,6 +769,8 @@ class Downstream:
                 target = self._interpolated(k, light, slope, fall)
             else:
                 target = max(k + 1, k + whole if light is None else (k + light + 1) // 2)
+            if p.drain_margin and light is not None:
+                target = max(target, light + p.drain_margin)     # under the rate found light: the backlog drains
             over = k
             self._keep(self.over_slope, u, slope)
         else:
