@@ -266,8 +266,9 @@ standing over the high mark for seconds: it rises until the rate is under the ca
 few percent of it. Under the rate that once let the queue fall to the low mark, the backlog over the high mark
 drains within about a second, and the next light window releases back into the bracket, so the queue
 cycles between the marks (as the document's whole steps do) instead of sitting over the high mark (the
-overload matrix's (c) with acking: the slow task's queue stood at 70-90 KB, over the 64 KB mark, for a
-second or more per cycle, and the relay's at the hard bound; p99 latency over ``source_stop``'s). An
+overload matrix's (c) with acking: the slow task's queue stood at 64-95 KB, over the 64 KB mark, for a
+second or more per cycle). Measured, it lowers p99 latency where the queue cycled over the high mark and
+raises the rate CoV (a swing of ``drain_margin`` parts at each overload); BENCHMARKS.md has the cells. An
 overload read at or past ``light`` (which drops it: the capacity fell) creeps as before. ``k`` is still
 granted at most one whole step per signal, and releases are unchanged, so the rate still comes back to
 ``originv`` exactly.
