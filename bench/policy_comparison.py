@@ -148,15 +148,23 @@ VARIANTS: dict[str, dict[str, Any]] = {
                        "backpressure.bracket_interpolate": True, "backpressure.hold_starved_upstream": True,
                        "backpressure.step_from_recent_rate": True, "backpressure.dry_release_window_ms": 1000,
                        "backpressure.drain_margin_parts": 8},
+    # stepwise+dry whose bolts release an upstream no further than their own limit lets them take in, and step it
+    # down at least that far (c with acking: the relay, limited by the slow task, let the spout's limit double past
+    # what it could forward in 50 ms light windows, then crept it down one part at a time with its queue at the bound).
+    "stepwise+intake": {"backpressure.fine_steps": 16, "backpressure.bracket_search": True,
+                        "backpressure.release_window_ms": 50, "backpressure.queue_smoothing_ms": 50,
+                        "backpressure.bracket_interpolate": True, "backpressure.hold_starved_upstream": True,
+                        "backpressure.step_from_recent_rate": True, "backpressure.dry_release_window_ms": 1000,
+                        "backpressure.release_within_intake": True},
 }
 # The variants a whole run measures (the others run when named with --policies; their last figures are
 # in BENCHMARKS.md): the combinations named for the goals (stepwise+slopes is stepwise+hops without
 # hold_starved_upstream, the same rules wherever no relay bolt feeds the slow task), and the newest setting.
-MATRIX_VARIANTS = ("stepwise+hops", "stepwise+recent", "stepwise+dry", "stepwise+drain")
+MATRIX_VARIANTS = ("stepwise+hops", "stepwise+recent", "stepwise+dry", "stepwise+intake")
 # Run --repeat times (the others once): the reference, the baseline the goals are read against, the
 # document's default and the named combination.
 REPEATED = ("none", "source_stop", "stepwise", "stepwise+search", "stepwise+slopes", "stepwise+hops",
-            "stepwise+recent", "stepwise+dry", "stepwise+drain")
+            "stepwise+recent", "stepwise+dry", "stepwise+drain", "stepwise+intake")
 # (g)'s fast bolt: tuples/s of service between its pauses. Low enough that the process has CPU to
 # spare (without a service rate the bolt was bound by the CPU both cores share, so `none` measured
 # no capacity: the load moved it, and policies that did less work per tuple scored over 1.0).

@@ -25,7 +25,10 @@ or caught up after the overload), run once more with ``stepwise+dry`` (``dry_rel
 read while the spout's source ran dry releases it only after 1 s): the spout must still come back to
 ``originv``, its source dry once the overload is lifted. (c) and (e) run once more with ``stepwise+drain``
 (``drain_margin_parts``: a step down inside a bracket goes half a step under the rate found light): the
-releases that follow must still bring every limit back to ``originv`` exactly.
+releases that follow must still bring every limit back to ``originv`` exactly. (c) and (f), the scenarios
+with a relay bolt, run once more with ``stepwise+intake`` (``release_within_intake``: a relay limited by the slow
+task releases the spout no further than one part over what its own limit lets it take in): once the slow task
+lets the relay go, the spout must still come back to ``originv``.
 
 Nothing here asserts on wall time; the waits only bound a hang.
 """
@@ -133,13 +136,20 @@ SETTINGS = {"": {}, "flat": {"backpressure.flat_queue_holds": True, "backpressur
                       "backpressure.release_window_ms": 50, "backpressure.queue_smoothing_ms": 50,
                       "backpressure.bracket_interpolate": True, "backpressure.hold_starved_upstream": True,
                       "backpressure.step_from_recent_rate": True, "backpressure.dry_release_window_ms": 1000,
-                      "backpressure.drain_margin_parts": 8}}
+                      "backpressure.drain_margin_parts": 8},
+            # the matrix's stepwise+intake row
+            "intake": {"backpressure.fine_steps": 16, "backpressure.bracket_search": True,
+                       "backpressure.release_window_ms": 50, "backpressure.queue_smoothing_ms": 50,
+                       "backpressure.bracket_interpolate": True, "backpressure.hold_starved_upstream": True,
+                       "backpressure.step_from_recent_rate": True, "backpressure.dry_release_window_ms": 1000,
+                       "backpressure.release_within_intake": True}}
 CASES = [(k, False, "") for k in BUILD] + [("a", True, ""), ("b", True, ""), ("d", False, "flat"),
                                            ("e", False, "flat")] + [(k, False, "search") for k in "bcef"] + [
                                            (k, False, "slopes") for k in "bcef"] + [
                                            (k, False, "hops") for k in "cf"] + [
                                            (k, False, "dry") for k in "de"] + [
-                                           (k, False, "drain") for k in "ce"]
+                                           (k, False, "drain") for k in "ce"] + [
+                                           (k, False, "intake") for k in "cf"]
 
 
 def _config(acking: bool, settings: str = "") -> Any:

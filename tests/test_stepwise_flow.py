@@ -35,6 +35,7 @@ class FakeTask:
         self.q = 0
         self.rate = rate
         self.emitted = 0                    # the test counts what it "emits"
+        self.executed = 0                   # ... and what it "executes"
         self.dry = 0                        # the test counts rounds its "source" ran dry
         self.limit: float | None = None
         self.history: list[float | None] = []
@@ -47,7 +48,7 @@ class FakeTask:
         return self.rate
 
     def executed_count(self) -> int:
-        return 0
+        return self.executed
 
     def emitted_count(self) -> int:
         return self.emitted
@@ -351,6 +352,25 @@ async def test_step_from_recent_rate_a_relay_released_by_its_downstream_forgets_
         sink.q = 0                                  # the sink releases the relay
         await until(lambda: relay.limit is None or relay.limit > limited, 5, what="the relay's limit rose")
         assert 1 not in fc.downstreams[2].over and fc.throttles[1].k > 0
+
+
+async def test_release_within_intake_a_limited_relay_knows_the_input_rate_its_limit_lets_it_execute(
+        backend: Backend) -> None:
+    """The relay has executed 4 tuples per tuple it emitted: limited to L emits/s it takes in 4 L."""
+    spout, relay, sink = FakeTask(1, "spout", rate=20_000.0), FakeTask(2, "relay", [1], rate=5_000.0), \
+        FakeTask(3, "sink", [2])
+    relay.executed, relay.emitted = 40_000, 10_000
+    params = StepwiseParams(step=0.5, high_mark=HIGH, low_mark=LOW, sensitivity=0.2, rate_floor=1.0,
+                            fine_steps=8, bracket_search=True, within_intake=True)
+    async with running(backend, [spout, relay, sink], params) as fc:
+        assert fc.downstreams[2].intake is None          # not limited
+        sink.q = HIGH
+        fc.poll(sink)
+        await until(lambda: relay.limit is not None, what="the sink limited the relay")
+        assert relay.limit == 2_500.0 and fc.downstreams[2].intake == 10_000.0
+        sink.q = 0
+        await until(lambda: relay.limit is None, 5, what="released")
+        assert fc.downstreams[2].intake is None
 
 
 @pytest.mark.parametrize("window", [1.0, 0.0])

@@ -1682,3 +1682,72 @@ def test_step_from_recent_rate_a_release_is_marked_as_the_limit_rising() -> None
     assert down is not None and not down.up and down.rate == 5_000.0
     assert up is not None and up.up and up.rate == 10_000.0
     assert off is not None and off.up and off.rate is None
+
+
+# -- release_within_intake (a setting; off in the document) ---------------------------------------
+
+IP = StepwiseParams(step=0.5, high_mark=HIGH, low_mark=LOW, sensitivity=2.0, rate_floor=1.0, fine_steps=8,
+                    bracket_search=True, within_intake=True)
+
+
+def _intake_world(params: StepwiseParams = IP) -> tuple[World, Downstream, Throttle]:
+    """A bolt (10) holding a spout (1) whose originv is published, as the runtime's states carry it."""
+    w = World(params, rates={1: 20_000.0})
+    w.view = lambda u: replace(view_of(w.throttle(u)), originv=w.throttle(u).originv)   # type: ignore[method-assign]
+    return w, Downstream(10, [1], params, 0.0), w.throttle(1)
+
+
+def _released(w: World, d: Downstream, th: Throttle, t: float, n: int) -> list[int]:
+    """``n`` light windows of ``sensitivity``: the upstream's ``k`` after each."""
+    ks = []
+    for _ in range(n):
+        t += 2.0
+        w.check(d, t, 0)
+        ks.append(th.k)
+    return ks
+
+
+def test_release_within_intake_a_limited_bolt_releases_no_further_than_one_part_over_what_it_takes_in() -> None:
+    w, d, th = _intake_world()
+    w.check(d, 0.0, HIGH)
+    w.check(d, 2.0, HIGH)
+    w.check(d, 4.0, HIGH)                 # three whole steps: 2,500/s
+    assert th.k == 24
+    d.own_limit(3_000.0)                  # our own limit lets us execute 3,000 input tuples/s
+    w.check(d, 6.0, 0)
+    # The middle of the bracket (16, 24) is 20, over 3,000/s: one part over it (k = 21, 3,242/s, where our own
+    # limit binds) and no further; 3,000/s itself is between k = 21 and 22 (2,973/s).
+    assert _released(w, d, th, 6.0, 5) == [21, 21, 21, 21, 21]
+    assert th.rate == pytest.approx(20_000.0 * 0.5 ** (21 / 8))
+    d.own_limit(None)                     # our downstream let us go: the search goes on to originv
+    ks = _released(w, d, th, 16.0, 10)
+    assert ks[:3] == [18, 17, 16] and ks[-1] == 0
+    assert th.rate is None and th.nominal_rate == 20_000.0 == th.originv
+
+
+def test_release_within_intake_a_step_down_goes_at_least_to_what_the_bolt_takes_in() -> None:
+    def steps(intake: float | None) -> int:
+        w, d, th = _intake_world()
+        w.check(d, 0.0, HIGH)             # over at 0: 8
+        w.check(d, 2.0, 0)
+        w.check(d, 4.0, 0)                # light at 8: 4
+        d.own_limit(intake)
+        w.check(d, 6.0, HIGH)             # over at 4, light at 8: the middle (6) ...
+        return th.k
+    assert steps(None) == 6
+    # ... or down to 1,250/s (k = 32), granted one whole step per signal: 4 + 8.
+    assert steps(1_250.0) == 12
+    assert steps(20_000.0) == 6           # a limit over originv bounds nothing
+
+
+def test_release_within_intake_is_off_by_default_and_comes_from_the_config() -> None:
+    from topo.config import resolve
+    assert StepwiseParams.from_config(resolve({})).within_intake is False
+    assert StepwiseParams.from_config(resolve({"backpressure.release_within_intake": True})).within_intake
+    w, d, th = _intake_world(replace(IP, within_intake=False))
+    for t in (0.0, 2.0, 4.0):
+        w.check(d, t, HIGH)
+    d.own_limit(3_000.0)                  # the setting off: the limit is not read
+    w.check(d, 6.0, 0)
+    assert _released(w, d, th, 6.0, 5) == [20, 18, 17, 16, 15]
+

@@ -226,11 +226,22 @@ class StepwiseFlowControl:
     def _act(self, task_id: int, change: RateChange) -> None:
         if change.up and task_id in self.downstreams:
             self.downstreams[task_id].own_limit_rose()
+        if self.params.within_intake and task_id in self.downstreams:
+            self.downstreams[task_id].own_limit(self._intake(task_id, change.rate))
         self.handles[task_id].set_rate(change.rate)
         self._show(task_id)
         if self.on_rate_change is not None:
             self.on_rate_change(task_id, change.rate)
         self._mark(task_id)
+
+    def _intake(self, task_id: int, rate: float | None) -> float | None:
+        """``within_intake``: input tuples/s a bolt limited to ``rate`` emits/s can execute, from the
+        tuples it has executed per tuple it has emitted so far (None: no limit, or nothing emitted yet)."""
+        h = self.handles[task_id]
+        emitted, executed = h.emitted_count(), h.executed_count()
+        if rate is None or emitted <= 0 or executed <= 0:
+            return None
+        return rate * executed / emitted
 
     def _show(self, task_id: int) -> None:
         th = self.throttles[task_id]

@@ -273,6 +273,23 @@ overload read at or past ``light`` (which drops it: the capacity fell) creeps as
 granted at most one whole step per signal, and releases are unchanged, so the rate still comes back to
 ``originv`` exactly.
 
+No release past what a limited bolt takes in (a setting; off in the document)
+-------------------------------------------------------------------------------
+``within_intake`` (with ``bracket_search``): a bolt whose own emit rate is limited (its downstream holds it)
+can execute at most that limit times the tuples it takes in per tuple it emits (the runtime tells it, at each
+change of its limit, through ``Downstream.own_limit``). Its own queue is light while its upstream stays under
+that rate, and says nothing of faster rates: they only fill the queue. So it releases an upstream no further
+than one part of a step over that input rate (over it, its own limit binds and its queue is not idle, so a
+``hold_starved`` task below it still lets it go), withholds the release while the upstream is already there,
+and a step down goes at least that far (granted one whole step per signal, as every step). When its own
+limit is lifted the bound goes, and the search goes on to ``originv``. The overload matrix's (c) with acking
+shows why (a trace of every queue and signal, outside the bench): the slow task let the relay go; the relay,
+its queue light in each 50 ms light window, released the spout seven times in 0.8 s (1, 2, 4, 8, 16, 16, 16
+parts), to 52,890/s against a capacity of about 6,000/s, before the slow task's queue showed the overload; the
+bracket read in those windows then held each step down to a part or two while the relay's queue stood at the
+hard bound for seconds (p99 latency near 965 ms in two runs of ten). Fan-in: the bound applies to each upstream
+alone, so several upstreams together may still exceed it (their overload then shows on the queue as before).
+
 Two more settings (off in the document)
 ---------------------------------------
 * ``release_window``: the low mark must hold this long (instead of ``sensitivity``)
@@ -326,6 +343,7 @@ class StepwiseParams:
     step_from_recent_rate: bool = False  # once an episode: a step under what the upstream emitted just now
     dry_release_window: float = 0.0     # seconds of light before releasing a spout that ran dry in them (0: off)
     drain_margin: int = 0               # bracket_search: a step down goes at least this many parts under `light`
+    within_intake: bool = False         # bracket_search: no upstream released past what this task's own limit takes in
     hard_bound: int | None = None       # queue bytes at which emit waits (None: 2 x high_mark)
 
     def __post_init__(self) -> None:
@@ -389,6 +407,7 @@ class StepwiseParams:
                    step_from_recent_rate=bool(config.get("backpressure.step_from_recent_rate", False)),
                    dry_release_window=float(config.get("backpressure.dry_release_window_ms", 0.0)) / 1000.0,
                    drain_margin=int(config.get("backpressure.drain_margin_parts", 0)),
+                   within_intake=bool(config.get("backpressure.release_within_intake", False)),
                    hard_bound=None if config.get("queue.hard_bound") is None else int(config["queue.hard_bound"]))
 
 
@@ -492,6 +511,7 @@ class Downstream:
         self.blocked: set[int] = set()
         self.smoothed: float | None = None    # the queue level under queue_smoothing
         self.last_obs = now
+        self.intake: float | None = None      # within_intake: upstream tuples/s our own emit limit lets us take in
 
     def _level(self, now: float, queue_bytes: float) -> float:
         """The queue level the marks are read on: raw bytes, or their EWMA (``queue_smoothing``)."""
@@ -614,6 +634,10 @@ class Downstream:
                     if (p.dry_release_window and v is not None and v.ran_dry(self.low_since)
                             and now - self.low_since < p.dry_release_window):
                         continue          # its source ran dry in the window: light must hold longer
+                    cap = None if v is None else self._intake_k(v.originv)
+                    if cap is not None and v is not None and v.k < cap:
+                        starved = True    # it already emits more than our own limit lets us take in
+                        continue
                     out.append(self._move(u, RELEASE, now, None if v is None else v.k, queue_bytes,
                                           None if v is None else v.originv))
                     released = True
@@ -648,6 +672,21 @@ class Downstream:
         if self.params.step_from_recent_rate and self.params.bracket_search:
             for side in (self.over, self.over_slope, self.creep):
                 side.clear()
+
+    def own_limit(self, intake: float | None) -> None:
+        """``within_intake``: the input tuples/s this task's own emit limit lets it execute (its limit times
+        the tuples it takes in per tuple it emits); None while its limiter is off or that is not known."""
+        self.intake = intake
+
+    def _intake_k(self, originv: float | None) -> int | None:
+        """``within_intake``: the fewest steps (of ``originv``) that hold an upstream to at most ``intake``;
+        None when no such bound is in force."""
+        p = self.params
+        if not (p.within_intake and p.bracket_search) or self.intake is None or not originv or originv <= 0:
+            return None
+        if self.intake >= originv:
+            return 0
+        return max(0, math.ceil(p.fine_steps * math.log(self.intake / originv) / math.log(p.step) - 1e-9))
 
     def _block(self, u: int, until: float) -> None:
         self.blocked.add(u)
@@ -772,6 +811,9 @@ class Downstream:
                 target = max(k + 1, k + whole if light is None else (k + light + 1) // 2)
             if p.drain_margin and light is not None:
                 target = max(target, light + p.drain_margin)     # under the rate found light: the backlog drains
+            cap = self._intake_k(originv)
+            if cap is not None:
+                target = max(target, cap)         # at least down to what our own limit takes in
             over = k
             self._keep(self.over_slope, u, slope)
         else:
@@ -792,6 +834,11 @@ class Downstream:
                 target = self._interpolated(over, k, up, slope)
             else:
                 target = min(k - 1, k - whole if over is None else (over + k) // 2)
+            cap = self._intake_k(originv)
+            if cap is not None:
+                # No further than one part over what our own limit takes in: over it, that limit binds (our
+                # queue is not idle, so a starved-upstream rule below us still lets it go).
+                target = max(target, cap - 1)
             light = k
             self._keep(self.light_slope, u, slope)
         for side, val in ((self.over, over), (self.light, light)):
