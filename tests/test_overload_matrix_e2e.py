@@ -41,7 +41,7 @@ import pytest
 
 from backpressure.drivers.stepwise import StepwiseFlowControl
 from backpressure.policy.stepwise import StepwiseParams
-from bench.policy_comparison import Box, Relay, Sink, Source
+from bench.policy_comparison import VARIANTS, Box, Relay, Sink, Source
 from coord_backends import Backend, backend, until, zookeeper  # noqa: F401
 from runtime.local.engine import LocalEngine
 from topo.config import resolve
@@ -113,36 +113,10 @@ def _g(box: Ctl, tracked: bool) -> Topology:
 
 
 BUILD = {"a": _a, "b": _b, "c": _c, "d": _d, "e": _e, "f": _f, "g": _g}
-# Settings beyond the document, as the matrix's stepwise+flat row runs them (scenarios d and e).
-SETTINGS = {"": {}, "flat": {"backpressure.flat_queue_holds": True, "backpressure.release_window_ms": 50},
-            # the matrix's stepwise+search row
-            "search": {"backpressure.fine_steps": 16, "backpressure.bracket_search": True,
-                       "backpressure.release_window_ms": 50, "backpressure.queue_smoothing_ms": 50},
-            # the matrix's stepwise+slopes row
-            "slopes": {"backpressure.fine_steps": 16, "backpressure.bracket_search": True,
-                       "backpressure.release_window_ms": 50, "backpressure.queue_smoothing_ms": 50,
-                       "backpressure.bracket_interpolate": True},
-            # the matrix's stepwise+hops row
-            "hops": {"backpressure.fine_steps": 16, "backpressure.bracket_search": True,
-                     "backpressure.release_window_ms": 50, "backpressure.queue_smoothing_ms": 50,
-                     "backpressure.bracket_interpolate": True, "backpressure.hold_starved_upstream": True},
-            # the matrix's stepwise+dry row
-            "dry": {"backpressure.fine_steps": 16, "backpressure.bracket_search": True,
-                    "backpressure.release_window_ms": 50, "backpressure.queue_smoothing_ms": 50,
-                    "backpressure.bracket_interpolate": True, "backpressure.hold_starved_upstream": True,
-                    "backpressure.step_from_recent_rate": True, "backpressure.dry_release_window_ms": 1000},
-            # the matrix's stepwise+drain row
-            "drain": {"backpressure.fine_steps": 16, "backpressure.bracket_search": True,
-                      "backpressure.release_window_ms": 50, "backpressure.queue_smoothing_ms": 50,
-                      "backpressure.bracket_interpolate": True, "backpressure.hold_starved_upstream": True,
-                      "backpressure.step_from_recent_rate": True, "backpressure.dry_release_window_ms": 1000,
-                      "backpressure.drain_margin_parts": 8},
-            # the matrix's stepwise+intake row
-            "intake": {"backpressure.fine_steps": 16, "backpressure.bracket_search": True,
-                       "backpressure.release_window_ms": 50, "backpressure.queue_smoothing_ms": 50,
-                       "backpressure.bracket_interpolate": True, "backpressure.hold_starved_upstream": True,
-                       "backpressure.step_from_recent_rate": True, "backpressure.dry_release_window_ms": 1000,
-                       "backpressure.release_within_intake": True}}
+# Settings beyond the document: the matrix's named variants (stepwise+flat, +search, +slopes, +hops, +dry,
+# +drain, +intake), read from the bench so the two cannot drift apart.
+SETTINGS = {"": {}, **{name: VARIANTS[f"stepwise+{name}"]
+                       for name in ("flat", "search", "slopes", "hops", "dry", "drain", "intake")}}
 CASES = [(k, False, "") for k in BUILD] + [("a", True, ""), ("b", True, ""), ("d", False, "flat"),
                                            ("e", False, "flat")] + [(k, False, "search") for k in "bcef"] + [
                                            (k, False, "slopes") for k in "bcef"] + [
