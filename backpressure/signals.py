@@ -102,6 +102,7 @@ class TaskState:
     ts: float = 0.0                                         # wall clock of the publish
     service_rate: float = 0.0                               # watermark: tuples/s executed while busy
     dry: bool = False                                       # a spout whose source ran dry under its limit
+    at_intake: bool = False                                 # a bolt holding an upstream at its intake bound
 
     def encode(self) -> bytes:
         return msgpack.packb({
@@ -113,7 +114,7 @@ class TaskState:
             "applied": {t: list(a) for t, a in self.applied.items()}, "granted": self.granted,
             "step_age": self.step_age, "stepped_by": self.stepped_by,
             "version": list(self.version), "ts": self.ts, "service_rate": self.service_rate,
-            "dry": self.dry,
+            "dry": self.dry, "at_intake": self.at_intake,
         })
 
     @classmethod
@@ -134,6 +135,7 @@ class TaskState:
             stepped_by=_field(m, "stepped_by", int), version=(version[0], version[1]), ts=float(_field(m, "ts", (int, float))),
             service_rate=float(_field(m, "service_rate", (int, float))) if "service_rate" in m else 0.0,
             dry=_field(m, "dry", bool) if "dry" in m else False,
+            at_intake=_field(m, "at_intake", bool) if "at_intake" in m else False,
         )
 
     def row(self) -> dict[str, Any]:

@@ -373,6 +373,34 @@ async def test_release_within_intake_a_limited_relay_knows_the_input_rate_its_li
         assert fc.downstreams[2].intake is None
 
 
+async def test_release_within_intake_a_relay_held_at_its_intake_bound_is_released_though_its_queue_is_idle(
+        backend: Backend) -> None:
+    """With ``hold_starved`` too: the relay keeps the spout at what its own limit lets it execute, so its queue
+    runs idle. It publishes that it holds the spout at its intake bound, and the sink still releases it; were it
+    read as starved, neither would release the other (the hang of the overload matrix's (c) end to end)."""
+    spout, relay, sink = FakeTask(1, "spout", rate=20_000.0), FakeTask(2, "relay", [1], rate=5_000.0), \
+        FakeTask(3, "sink", [2])
+    relay.executed, relay.emitted = 40_000, 10_000
+    params = StepwiseParams(step=0.5, high_mark=HIGH, low_mark=LOW, sensitivity=0.2, rate_floor=1.0,
+                            fine_steps=8, bracket_search=True, within_intake=True, hold_starved=True)
+    async with running(backend, [spout, relay, sink], params) as fc:
+        sink.q = HIGH
+        fc.poll(sink)
+        await until(lambda: relay.limit == 2_500.0, what="the sink stepped the relay")
+        assert fc.downstreams[2].intake == 10_000.0
+        sink.q, relay.q = 0, HIGH
+        fc.poll(relay)
+        await until(lambda: spout.limit == 10_000.0, what="the relay stepped the spout to its intake")
+        relay.q = 0                                   # both light, the relay's queue idle
+        await until(lambda: 2 in fc.states and fc.states[2].at_intake, 5,
+                    what="the relay published that it holds the spout at its intake bound")
+        await until(lambda: relay.limit is None and spout.limit is None, 15, what="the chain unwound")
+        for task in (1, 2):
+            th = fc.throttles[task]
+            assert th.k == 0 and th.nominal_rate == th.originv
+        await until(lambda: not fc.states[2].at_intake, 5, what="the relay let go of its bound")
+
+
 @pytest.mark.parametrize("window", [1.0, 0.0])
 async def test_dry_release_window_a_throttled_spout_publishes_when_its_source_runs_dry_and_when_it_binds_again(
         backend: Backend, window: float) -> None:

@@ -1725,6 +1725,52 @@ def test_release_within_intake_a_limited_bolt_releases_no_further_than_one_part_
     assert th.rate is None and th.nominal_rate == 20_000.0 == th.originv
 
 
+def test_release_within_intake_a_bolt_says_it_holds_an_upstream_at_its_intake_bound_while_it_does() -> None:
+    w, d, th = _intake_world()
+    for t in (0.0, 2.0, 4.0):
+        w.check(d, t, HIGH)
+    d.own_limit(3_000.0)
+    w.check(d, 6.0, 0)
+    assert not d.at_intake
+    assert _released(w, d, th, 6.0, 2) == [21, 21] and d.at_intake     # withheld at one part over 3,000/s
+    w.check(d, 12.0, HIGH)                # overloaded: stepped down, not held at the bound
+    assert not d.at_intake and th.k > 21
+    d.own_limit(None)                     # the bound went: releases go on, and it says so
+    _released(w, d, th, 12.0, 3)
+    assert not d.at_intake
+
+
+def test_hold_starved_a_relay_held_at_its_intake_bound_is_not_starved_so_the_chain_unwinds() -> None:
+    w, d, relay = _held_once()
+    bound = False
+    w.view = lambda u: replace(relay.view(u), at_intake=bound)   # type: ignore[method-assign]
+    t = 0.0
+    while t < 5.0:                            # light, the relay idle and holding its spout: withheld
+        t = round(t + 0.1, 1)
+        tick(w, d, t, 0)
+    assert relay.th.k == 1
+    bound = True                              # its idle queue is its own bound on the spout: its limit is in use
+    t = _until_released(w, d, relay.th, t, 0, limit=15.0)
+    assert relay.th.k == 0 and relay.th.rate is None and relay.th.nominal_rate == 8_000.0 == relay.th.originv
+
+
+def test_release_within_intake_peer_states_carry_the_bound_and_a_state_from_before_it_has_none() -> None:
+    peers, _ = _peers()
+    state = TaskState(task=5, spout=False, queue_bytes=0, low_mark=LOW, holds={1: 2}, version=(7, 1),
+                      at_intake=True)
+    assert TaskState.decode(state.encode()).at_intake
+    peers.update(5, TaskState.decode(state.encode()), 1.0, lambda t: 0.0)
+    v = peers.view(5)
+    assert v is not None and v.at_intake and v.holding and not v.starved(LOW, since=0.5)
+    import msgpack
+    old = msgpack.unpackb(state.encode(), strict_map_key=False)
+    del old["at_intake"]
+    assert not TaskState.decode(msgpack.packb(old)).at_intake
+    peers.update(5, replace(state, at_intake=False, version=(7, 2)), 2.0, lambda t: 0.0)
+    v = peers.view(5)
+    assert v is not None and not v.at_intake and v.starved(LOW)
+
+
 def test_release_within_intake_a_step_down_goes_at_least_to_what_the_bolt_takes_in() -> None:
     def steps(intake: float | None) -> int:
         w, d, th = _intake_world()

@@ -185,8 +185,11 @@ class StepwiseFlowControl:
         return None if got is None else Recent(got[0], got[1], None if h.is_spout else h.queue_bytes())
 
     def _check(self, d: Downstream, now: float, q: int) -> None:
+        at_intake = d.at_intake
         for sig in d.check(now, q, self.peers.view):
             self._send(sig)
+        if d.at_intake != at_intake:
+            self._mark(d.task_id)   # within_intake: its downstreams read whether its limit is in use
 
     def _send(self, sig: Signal) -> None:
         self.coordinator.send(sig)
@@ -298,7 +301,7 @@ class StepwiseFlowControl:
             observed_rate=float(h.observed_rate()), holds=dict(d.wants) if d else {},
             seq=d.seq if d else 0, applied=dict(th.applied), granted=dict(th.holds),
             step_age=th.step_age(now), stepped_by=th.stepped_by, version=(self.run, self._version),
-            ts=time.time(), dry=self._dry.get(task_id, False))
+            ts=time.time(), dry=self._dry.get(task_id, False), at_intake=d.at_intake if d else False)
 
     def _publish(self, task_id: int) -> None:
         self._version += 1

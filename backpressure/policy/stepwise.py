@@ -279,8 +279,9 @@ No release past what a limited bolt takes in (a setting; off in the document)
 can execute at most that limit times the tuples it takes in per tuple it emits (the runtime tells it, at each
 change of its limit, through ``Downstream.own_limit``). Its own queue is light while its upstream stays under
 that rate, and says nothing of faster rates: they only fill the queue. So it releases an upstream no further
-than one part of a step over that input rate (over it, its own limit binds and its queue is not idle, so a
-``hold_starved`` task below it still lets it go), withholds the release while the upstream is already there,
+than the first step at or over that input rate (within one part over it), withholds the release while the
+upstream is already there (and says so: ``at_intake``, published, so a ``hold_starved`` task below it does not
+read its idle queue as starvation; its own limit is what holds the flow, and the two would wait on each other),
 and a step down goes at least that far (granted one whole step per signal, as every step). When its own
 limit is lifted the bound goes, and the search goes on to ``originv``. The overload matrix's (c) with acking
 shows why (a trace of every queue and signal, outside the bench): the slow task let the relay go; the relay,
@@ -445,12 +446,15 @@ class UpstreamView:
     idle_at: float | None = None        # the last state that showed its queue idle arrived then
     dry: bool = False                   # a spout: its source ran dry under its limit (last state)
     dry_at: float | None = None         # the last state that showed it dry, or the first after it, arrived then
+    at_intake: bool = False             # within_intake: it withholds a release at its intake bound (last state)
 
     def starved(self, low_mark: int, since: float | None = None) -> bool:
         """``hold_starved``: a bolt whose queue is idle (at most 1/32 of the low mark) while it holds its
         own upstreams back emits what it receives, not what its limit allows. With ``since`` (the start
-        of a light window): idle at any time since then, as its published states showed it."""
-        if not self.holding or self.queue_bytes is None:
+        of a light window): idle at any time since then, as its published states showed it. A bolt that
+        holds an upstream at its intake bound (``within_intake``) is not starved: it keeps that upstream at
+        what its own limit lets it execute, so its limit is in use even with its queue idle."""
+        if not self.holding or self.queue_bytes is None or self.at_intake:
             return False
         return self.queue_bytes <= low_mark / 32 or (
             since is not None and self.idle_at is not None and self.idle_at >= since)
@@ -512,6 +516,7 @@ class Downstream:
         self.smoothed: float | None = None    # the queue level under queue_smoothing
         self.last_obs = now
         self.intake: float | None = None      # within_intake: upstream tuples/s our own emit limit lets us take in
+        self.at_intake = False                # within_intake: the last light check withheld a release at intake
 
     def _level(self, now: float, queue_bytes: float) -> float:
         """The queue level the marks are read on: raw bytes, or their EWMA (``queue_smoothing``)."""
@@ -599,6 +604,7 @@ class Downstream:
             self.last_bytes = queue_bytes
         if over:
             self.level = OVERLOADED
+            self.at_intake = False
             candidates = [u for u in self.upstreams if u in self.blocked] if retry else self.upstreams
             self.blocked, self.retry_at = set(), None
             for u in candidates:
@@ -622,7 +628,7 @@ class Downstream:
             self.level = LIGHT
             self.blocked, self.retry_at = set(), None
             released = False
-            starved = False
+            starved = at_intake = False
             for u, h in list(self.holds.items()):
                 if h > 0 and u not in self.pending:
                     v = view(u)
@@ -636,7 +642,7 @@ class Downstream:
                         continue          # its source ran dry in the window: light must hold longer
                     cap = None if v is None else self._intake_k(v.originv)
                     if cap is not None and v is not None and v.k < cap:
-                        starved = True    # it already emits more than our own limit lets us take in
+                        starved = at_intake = True   # it already emits what our own limit lets us take in
                         continue
                     out.append(self._move(u, RELEASE, now, None if v is None else v.k, queue_bytes,
                                           None if v is None else v.originv))
@@ -648,8 +654,10 @@ class Downstream:
                 self.low_since = now      # each further step up needs a fresh light window
                 self.low_min = self.low_max = queue_bytes
                 self.step_level = None
+            self.at_intake = at_intake
         else:
             self.level = NORMAL
+            self.at_intake = False
             self.blocked, self.retry_at = set(), None
         if p.bracket_light_window > 0:
             inside = any(u in self.over for u in self.upstreams if self.holds.get(u) or u in self.pending)
@@ -1174,7 +1182,7 @@ class PeerStates:
             state.k, state.at_floor, state.applied, state.granted,
             None if state.step_age is None else now - state.step_age, state.stepped_by, state.originv,
             None if state.spout else state.queue_bytes, any(h > 0 for h in state.holds.values()),
-            self.idle_at.get(task), state.dry, self.dry_at.get(task))
+            self.idle_at.get(task), state.dry, self.dry_at.get(task), state.at_intake)
         for tid, th in self.throttles.items():
             held = state.holds.get(tid, 0)
             if held or task in th.holds:
