@@ -156,6 +156,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
                         "backpressure.bracket_interpolate": True, "backpressure.hold_starved_upstream": True,
                         "backpressure.step_from_recent_rate": True, "backpressure.dry_release_window_ms": 1000,
                         "backpressure.release_within_intake": True},
+    # stepwise+intake whose queues at work read a light window only once a release shows in the smoothed level
+    # (c: a light window read 60 ms after the slow task released the relay, before the release showed, let it
+    # release again far past the capacity; the bracket then crept back a part at a time with the queues at the bound).
+    "stepwise+settle": {"backpressure.fine_steps": 16, "backpressure.bracket_search": True,
+                        "backpressure.release_window_ms": 50, "backpressure.queue_smoothing_ms": 50,
+                        "backpressure.bracket_interpolate": True, "backpressure.hold_starved_upstream": True,
+                        "backpressure.step_from_recent_rate": True, "backpressure.dry_release_window_ms": 1000,
+                        "backpressure.release_within_intake": True, "backpressure.settle_after_release": True},
 }
 # The variants a whole run measures (the others run when named with --policies; their last figures are
 # in BENCHMARKS.md): the combinations named for the goals (stepwise+slopes is stepwise+hops without
@@ -164,7 +172,7 @@ MATRIX_VARIANTS = ("stepwise+hops", "stepwise+recent", "stepwise+dry", "stepwise
 # Run --repeat times (the others once): the reference, the baseline the goals are read against, the
 # document's default and the named combination.
 REPEATED = ("none", "source_stop", "stepwise", "stepwise+search", "stepwise+slopes", "stepwise+hops",
-            "stepwise+recent", "stepwise+dry", "stepwise+drain", "stepwise+intake")
+            "stepwise+recent", "stepwise+dry", "stepwise+drain", "stepwise+intake", "stepwise+settle")
 # (g)'s fast bolt: tuples/s of service between its pauses. Low enough that the process has CPU to
 # spare (without a service rate the bolt was bound by the CPU both cores share, so `none` measured
 # no capacity: the load moved it, and policies that did less work per tuple scored over 1.0).

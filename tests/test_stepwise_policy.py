@@ -1797,3 +1797,75 @@ def test_release_within_intake_is_off_by_default_and_comes_from_the_config() -> 
     w.check(d, 6.0, 0)
     assert _released(w, d, th, 6.0, 5) == [20, 18, 17, 16, 15]
 
+
+
+# -- settle_after_release (a setting; off in the document) ----------------------------------------------
+
+def _release_times(level: int, settle: bool, n: int = 6) -> tuple[list[float], Throttle]:
+    """Stepped three whole steps down, then the queue held at ``level``: when each of ``n`` releases came."""
+    w, d, th, _ = _sloped(queue_smoothing=0.05, settle_after_release=settle)
+    for t in (0.0, 0.2, 0.4):
+        w.check(d, t, HIGH)
+    times: list[float] = []
+    t = 0.4
+    while len(times) < n and t < 10.0:
+        t = round(t + 0.005, 3)
+        k = th.k
+        tick(w, d, t, level)
+        if th.k < k:
+            times.append(t)
+    return times, th
+
+
+def _gaps(times: list[float]) -> list[float]:
+    return [round(b - a, 3) for a, b in zip(times, times[1:])]
+
+
+def test_settle_after_release_a_queue_at_work_reads_its_next_light_window_once_the_release_shows() -> None:
+    # queue_smoothing 50 ms: a release shows in the smoothed level after 3 time constants (150 ms), and a
+    # light window is 50 ms. A queue at work (a quarter of the low mark) releases every light window
+    # without the setting, and every 150 + 50 ms with it.
+    assert all(g <= 0.06 for g in _gaps(_release_times(LOW // 4, False)[0]))
+    assert all(0.2 <= g <= 0.21 for g in _gaps(_release_times(LOW // 4, True)[0]))
+
+
+def test_settle_after_release_an_idle_queue_releases_at_every_light_window_as_before() -> None:
+    # Idle (0 bytes), a queue shows nothing of the rate either way: once the smoothed level is down from the
+    # overload, the releases come every 50 ms window with the setting as without it.
+    on, off = _gaps(_release_times(0, True)[0]), _gaps(_release_times(0, False)[0])
+    assert all(g <= 0.06 for g in on[2:]) and all(g <= 0.06 for g in off)
+
+
+def test_settle_after_release_a_rise_in_the_settle_time_starts_the_window_no_sooner() -> None:
+    w, d, th, _ = _sloped(queue_smoothing=0.05, settle_after_release=True)
+    for t in (0.0, 0.2, 0.4):
+        w.check(d, t, HIGH)
+    t, level = 0.4, LOW // 4
+    while th.k == 48 and t < 5.0:
+        t = round(t + 0.005, 3)
+        tick(w, d, t, level)
+    released_at, k = t, th.k
+    assert k < 48 and d.low_since == pytest.approx(released_at + 0.15)
+    for _ in range(10):                   # the release shows: the level rises under the low mark
+        t = round(t + 0.005, 3)
+        level += LOW // 8
+        tick(w, d, t, level)
+    assert d.low_since is not None and d.low_since >= released_at + 0.15 and th.k == k
+    while level < LOW + LOW // 4:         # ... and over it: not light, no release
+        t = round(t + 0.005, 3)
+        level += LOW // 8
+        tick(w, d, t, level)
+    assert th.k == k
+
+
+def test_settle_after_release_the_rate_still_comes_back_to_originv_exactly() -> None:
+    times, th = _release_times(LOW // 4, True, n=100)
+    assert th.k == 0 and th.rate is None and th.nominal_rate == 20_000.0 == th.originv
+
+
+def test_settle_after_release_is_off_by_default_and_comes_from_the_config() -> None:
+    from topo.config import ConfigError, resolve
+    assert StepwiseParams.from_config(resolve({})).settle_after_release is False
+    assert StepwiseParams.from_config(resolve({"backpressure.settle_after_release": True})).settle_after_release
+    with pytest.raises(ConfigError, match="backpressure.settle_after_release"):
+        resolve({"backpressure.settle_after_release": "sometimes"})

@@ -345,6 +345,7 @@ class StepwiseParams:
     dry_release_window: float = 0.0     # seconds of light before releasing a spout that ran dry in them (0: off)
     drain_margin: int = 0               # bracket_search: a step down goes at least this many parts under `light`
     within_intake: bool = False         # bracket_search: no upstream released past what this task's own limit takes in
+    settle_after_release: bool = False  # queue_smoothing: after a release, light counts once the level shows it
     hard_bound: int | None = None       # queue bytes at which emit waits (None: 2 x high_mark)
 
     def __post_init__(self) -> None:
@@ -409,6 +410,7 @@ class StepwiseParams:
                    dry_release_window=float(config.get("backpressure.dry_release_window_ms", 0.0)) / 1000.0,
                    drain_margin=int(config.get("backpressure.drain_margin_parts", 0)),
                    within_intake=bool(config.get("backpressure.release_within_intake", False)),
+                   settle_after_release=bool(config.get("backpressure.settle_after_release", False)),
                    hard_bound=None if config.get("queue.hard_bound") is None else int(config["queue.hard_bound"]))
 
 
@@ -551,7 +553,7 @@ class Downstream:
             elif p.bracket_search and queue_bytes > self.low_min + p.low_mark / 16:
                 # Rising under the low mark: not light. Under bracket_light_window the lowest level
                 # stands until the queue comes back down to it (a slow rise cannot fit a window in).
-                self.low_since, self.low_max = now, queue_bytes
+                self.low_since, self.low_max = max(now, self.low_since), queue_bytes
                 if not p.bracket_light_window:
                     self.low_min = queue_bytes
             else:
@@ -589,7 +591,7 @@ class Downstream:
             if p.bracket_search:
                 others = sum(v.granted.values()) - v.granted.get(self.task_id, 0)
                 if self.others_seen.get(u, others) != others and self.low_since is not None:
-                    self.low_since = now          # a sibling moved the rate: a fresh window
+                    self.low_since = max(now, self.low_since)   # a sibling moved the rate: a fresh window
                     self.low_min = self.low_max = queue_bytes
                 self.others_seen[u] = others
         over = queue_bytes >= p.high_mark
@@ -651,7 +653,12 @@ class Downstream:
                 if u not in self.holds and u not in self.pending and self._searched(u):
                     self.ended_at.setdefault(u, now)
             if released or starved:
+                busy = self.low_max > p.low_mark / 32
                 self.low_since = now      # each further step up needs a fresh light window
+                if released and busy and p.settle_after_release:
+                    # ... read once the release shows in the smoothed level: before that, a queue
+                    # at work reads light at the rate it had (an idle queue shows nothing either way).
+                    self.low_since = now + SETTLE * p.queue_smoothing
                 self.low_min = self.low_max = queue_bytes
                 self.step_level = None
             self.at_intake = at_intake
@@ -844,8 +851,9 @@ class Downstream:
                 target = min(k - 1, k - whole if over is None else (over + k) // 2)
             cap = self._intake_k(originv)
             if cap is not None:
-                # No further than one part over what our own limit takes in: over it, that limit binds (our
-                # queue is not idle, so a starved-upstream rule below us still lets it go).
+                # No further than the first step at or over what our own limit takes in (within one part
+                # over it); held there, ``at_intake`` says so, so a starved-upstream rule below us still
+                # lets us go although our queue may run idle.
                 target = max(target, cap - 1)
             light = k
             self._keep(self.light_slope, u, slope)
