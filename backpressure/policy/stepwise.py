@@ -291,6 +291,17 @@ bracket read in those windows then held each step down to a part or two while th
 hard bound for seconds (p99 latency near 965 ms in two runs of ten). Fan-in: the bound applies to each upstream
 alone, so several upstreams together may still exceed it (their overload then shows on the queue as before).
 
+Light read once a release shows (a setting; off in the document)
+-----------------------------------------------------------------
+``settle_after_release`` (with ``bracket_search`` and ``queue_smoothing``): after a release, a queue that was
+not idle in the window that released (over 1/32 of the low mark) starts its next light window only ``SETTLE``
+time constants later, when the release shows in the smoothed level; before that it reads light at the rate
+it had. A trace of (c) showed the slow task releasing the relay twice 60 ms apart, to three times the
+capacity, before the first release showed; the bracket kept that light and crept back a part at a time with
+the queues at the bound. An idle queue shows nothing of the rate either way and releases at every light
+window as before. Measured, that slow mode came in 1 of 16 runs of (c) under it against 4 of 16 without it,
+but it slowed the climb back in (e) (goodput 0.94); BENCHMARKS.md has the cells.
+
 Two more settings (off in the document)
 ---------------------------------------
 * ``release_window``: the low mark must hold this long (instead of ``sensitivity``)
