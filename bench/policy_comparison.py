@@ -116,55 +116,33 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # The combination docs/flow-control.md names for the goals of the matrix.
     "stepwise+search": {"backpressure.fine_steps": 16, "backpressure.bracket_search": True,
                         "backpressure.release_window_ms": 50, "backpressure.queue_smoothing_ms": 50},
-    # stepwise+search reading its bracket in rates and slopes (bracket_light_window_ms is not in it: in a
-    # locked run it cost e its goodput, 0.93-0.94, the longer windows slowing the way back up).
-    "stepwise+slopes": {"backpressure.fine_steps": 16, "backpressure.bracket_search": True,
-                        "backpressure.release_window_ms": 50, "backpressure.queue_smoothing_ms": 50,
-                        "backpressure.bracket_interpolate": True},
-    # stepwise+slopes that does not release a relay bolt starved by its own backpressure (c and f: light
-    # evidence read under a relay that emits what it receives let its limit climb past the capacity).
-    "stepwise+hops": {"backpressure.fine_steps": 16, "backpressure.bracket_search": True,
-                      "backpressure.release_window_ms": 50, "backpressure.queue_smoothing_ms": 50,
-                      "backpressure.bracket_interpolate": True, "backpressure.hold_starved_upstream": True},
-    # stepwise+hops that, once per episode, steps an upstream emitting far under its limit (waiting on a full
-    # queue) one step under what it emitted over the last sensitivity, not one step under its limit (c: steps
-    # from the limits the start burst left kept the slow task's queue near the hard bound for seconds).
-    "stepwise+recent": {"backpressure.fine_steps": 16, "backpressure.bracket_search": True,
-                        "backpressure.release_window_ms": 50, "backpressure.queue_smoothing_ms": 50,
-                        "backpressure.bracket_interpolate": True, "backpressure.hold_starved_upstream": True,
-                        "backpressure.step_from_recent_rate": True},
-    # stepwise+recent that releases a spout whose source ran dry in the light window (its limit was not in use:
-    # an on/off source between bursts) only after 1 s of light (d: light read between bursts let the limit
-    # climb over the capacity, so the spout worked off what it owed in bursts and idled between them).
-    "stepwise+dry": {"backpressure.fine_steps": 16, "backpressure.bracket_search": True,
-                     "backpressure.release_window_ms": 50, "backpressure.queue_smoothing_ms": 50,
-                     "backpressure.bracket_interpolate": True, "backpressure.hold_starved_upstream": True,
-                     "backpressure.step_from_recent_rate": True, "backpressure.dry_release_window_ms": 1000},
-    # stepwise+dry whose steps down inside a bracket go at least half a step (8 of 16 parts) under the rate found
-    # light (c with acking: one-part moves around the capacity kept the slow task's queue over the high mark for a
-    # second or more per cycle and the relay's at the hard bound, p99 over source_stop's).
-    "stepwise+drain": {"backpressure.fine_steps": 16, "backpressure.bracket_search": True,
-                       "backpressure.release_window_ms": 50, "backpressure.queue_smoothing_ms": 50,
-                       "backpressure.bracket_interpolate": True, "backpressure.hold_starved_upstream": True,
-                       "backpressure.step_from_recent_rate": True, "backpressure.dry_release_window_ms": 1000,
-                       "backpressure.drain_margin_parts": 8},
-    # stepwise+dry whose bolts release an upstream no further than their own limit lets them take in, and step it
-    # down at least that far (c with acking: the relay, limited by the slow task, let the spout's limit double past
-    # what it could forward in 50 ms light windows, then crept it down one part at a time with its queue at the bound).
-    "stepwise+intake": {"backpressure.fine_steps": 16, "backpressure.bracket_search": True,
-                        "backpressure.release_window_ms": 50, "backpressure.queue_smoothing_ms": 50,
-                        "backpressure.bracket_interpolate": True, "backpressure.hold_starved_upstream": True,
-                        "backpressure.step_from_recent_rate": True, "backpressure.dry_release_window_ms": 1000,
-                        "backpressure.release_within_intake": True},
-    # stepwise+intake whose queues at work read a light window only once a release shows in the smoothed level
-    # (c: a light window read 60 ms after the slow task released the relay, before the release showed, let it
-    # release again far past the capacity; the bracket then crept back a part at a time with the queues at the bound).
-    "stepwise+settle": {"backpressure.fine_steps": 16, "backpressure.bracket_search": True,
-                        "backpressure.release_window_ms": 50, "backpressure.queue_smoothing_ms": 50,
-                        "backpressure.bracket_interpolate": True, "backpressure.hold_starved_upstream": True,
-                        "backpressure.step_from_recent_rate": True, "backpressure.dry_release_window_ms": 1000,
-                        "backpressure.release_within_intake": True, "backpressure.settle_after_release": True},
 }
+# stepwise+search reading its bracket in rates and slopes (bracket_light_window_ms is not in it: in a
+# locked run it cost e its goodput, 0.93-0.94, the longer windows slowing the way back up).
+VARIANTS["stepwise+slopes"] = {**VARIANTS["stepwise+search"], "backpressure.bracket_interpolate": True}
+# stepwise+slopes that does not release a relay bolt starved by its own backpressure (c and f: light
+# evidence read under a relay that emits what it receives let its limit climb past the capacity).
+VARIANTS["stepwise+hops"] = {**VARIANTS["stepwise+slopes"], "backpressure.hold_starved_upstream": True}
+# stepwise+hops that, once per episode, steps an upstream emitting far under its limit (waiting on a full
+# queue) one step under what it emitted over the last sensitivity, not one step under its limit (c: steps
+# from the limits the start burst left kept the slow task's queue near the hard bound for seconds).
+VARIANTS["stepwise+recent"] = {**VARIANTS["stepwise+hops"], "backpressure.step_from_recent_rate": True}
+# stepwise+recent that releases a spout whose source ran dry in the light window (its limit was not in use:
+# an on/off source between bursts) only after 1 s of light (d: light read between bursts let the limit
+# climb over the capacity, so the spout worked off what it owed in bursts and idled between them).
+VARIANTS["stepwise+dry"] = {**VARIANTS["stepwise+recent"], "backpressure.dry_release_window_ms": 1000}
+# stepwise+dry whose steps down inside a bracket go at least half a step (8 of 16 parts) under the rate found
+# light (c with acking: one-part moves around the capacity kept the slow task's queue over the high mark for a
+# second or more per cycle and the relay's at the hard bound, p99 over source_stop's).
+VARIANTS["stepwise+drain"] = {**VARIANTS["stepwise+dry"], "backpressure.drain_margin_parts": 8}
+# stepwise+dry whose bolts release an upstream no further than their own limit lets them take in, and step it
+# down at least that far (c with acking: the relay, limited by the slow task, let the spout's limit double past
+# what it could forward in 50 ms light windows, then crept it down one part at a time with its queue at the bound).
+VARIANTS["stepwise+intake"] = {**VARIANTS["stepwise+dry"], "backpressure.release_within_intake": True}
+# stepwise+intake whose queues at work read a light window only once a release shows in the smoothed level
+# (c: a light window read 60 ms after the slow task released the relay, before the release showed, let it
+# release again far past the capacity; the bracket then crept back a part at a time with the queues at the bound).
+VARIANTS["stepwise+settle"] = {**VARIANTS["stepwise+intake"], "backpressure.settle_after_release": True}
 # The variants a whole run measures (the others run when named with --policies; their last figures are
 # in BENCHMARKS.md): the combinations named for the goals (stepwise+slopes is stepwise+hops without
 # hold_starved_upstream, the same rules wherever no relay bolt feeds the slow task), and the newest setting.
