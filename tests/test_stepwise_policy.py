@@ -1932,3 +1932,54 @@ def test_provisional_light_is_off_by_default_and_comes_from_the_config() -> None
     assert StepwiseParams.from_config(resolve({"backpressure.provisional_light": True})).provisional_light
     with pytest.raises(ConfigError, match="backpressure.provisional_light"):
         resolve({"backpressure.provisional_light": "sometimes"})
+
+
+# -- drain_within (a setting; off in the document) ---------------------------------------------------------
+
+def _draining(drain_within: float, falls: list[float]) -> tuple[list[int], Downstream, Throttle]:
+    """Overloaded at 1.8 x the high mark (a whole step: k 16), then checks 0.25 s apart at the levels
+    ``falls`` (in high marks): the upstream's ``k`` after each."""
+    w, d, th, _ = _sloped(drain_within=drain_within)
+    w.check(d, 0.0, int(1.8 * HIGH))
+    ks = [th.k]
+    for i, level in enumerate(falls, 1):
+        w.check(d, 0.25 * i, int(level * HIGH))
+        ks.append(th.k)
+    return ks, d, th
+
+
+def test_drain_within_a_backlog_falling_too_slowly_steps_on_one_part_then_doubling() -> None:
+    # 0.01 high marks per 0.25 s: 0.8 high marks over the mark would take 20 s to go. Without the setting the
+    # falling backlog holds the rate in force (document 000 steps only while the queue grows); with it (1 s)
+    # the step goes on 1, 2, 4, 8 parts, then a whole step a check.
+    slow = [1.79, 1.78, 1.77, 1.76, 1.75, 1.74]
+    assert _draining(0.0, slow)[0] == [16] * 7
+    ks, d, _ = _draining(1.0, slow)
+    assert ks == [16, 17, 19, 23, 31, 47, 63]
+    assert d.over == {1: 0} and 1 not in d.light     # read into no bracket: the queue was falling
+
+
+def test_drain_within_a_backlog_on_its_way_under_the_high_mark_in_time_holds_the_rate() -> None:
+    # 0.3 high marks per 0.25 s: the 0.2 left over the mark goes in under 1 s.
+    assert _draining(1.0, [1.5, 1.2, 1.05])[0] == [16, 16, 16, 16]
+    # Slow, then fast: the doubling starts again from one part next time it is slow.
+    assert _draining(1.0, [1.79, 1.78, 1.5, 1.49])[0] == [16, 17, 19, 19, 20]
+
+
+def test_drain_within_the_rate_still_comes_back_to_originv_exactly() -> None:
+    ks, d, th = _draining(1.0, [1.79, 1.78, 1.77])
+    w = World(th.params, rates={1: 20_000.0})
+    w.throttles[1] = th
+    t = 1.0
+    while th.k and t < 30.0:
+        t = round(t + 0.01, 2)
+        tick(w, d, t, 0)
+    assert th.k == 0 and th.rate is None and th.nominal_rate == 20_000.0 == th.originv
+
+
+def test_drain_within_is_off_by_default_and_comes_from_the_config() -> None:
+    from topo.config import ConfigError, resolve
+    assert StepwiseParams.from_config(resolve({})).drain_within == 0.0
+    assert StepwiseParams.from_config(resolve({"backpressure.drain_within_ms": 1000})).drain_within == 1.0
+    with pytest.raises(ConfigError, match="backpressure.drain_within_ms"):
+        resolve({"backpressure.drain_within_ms": -5})
