@@ -149,10 +149,6 @@ VARIANTS["stepwise+settle"] = {**VARIANTS["stepwise+intake"], "backpressure.sett
 # bisected towards it and crept, with the queues at the bound). Releases come as often as without it, so (e)'s
 # climb back keeps its pace, which settle_after_release did not.
 VARIANTS["stepwise+provisional"] = {**VARIANTS["stepwise+intake"], "backpressure.provisional_light": True}
-# stepwise+provisional whose backlog over the high mark, falling too slowly to be under it within 1 s, steps on (c:
-# after the start burst a step down landed just under the capacity, and the queue stood near the hard bound for
-# seconds while it fell at a few KB/s: p99 830-880 ms in 2 of 8 runs with acking).
-VARIANTS["stepwise+paced"] = {**VARIANTS["stepwise+provisional"], "backpressure.drain_within_ms": 1000}
 # The variants a whole run measures (the others run when named with --policies; their last figures are
 # in BENCHMARKS.md): the combinations named for the goals (stepwise+slopes is stepwise+hops without
 # hold_starved_upstream, the same rules wherever no relay bolt feeds the slow task), and the newest setting.
@@ -161,7 +157,7 @@ MATRIX_VARIANTS = ("stepwise+hops", "stepwise+recent", "stepwise+dry", "stepwise
 # document's default and the named combination.
 REPEATED = ("none", "source_stop", "stepwise", "stepwise+search", "stepwise+slopes", "stepwise+hops",
             "stepwise+recent", "stepwise+dry", "stepwise+drain", "stepwise+intake", "stepwise+settle",
-            "stepwise+provisional", "stepwise+paced")
+            "stepwise+provisional")
 # (g)'s fast bolt: tuples/s of service between its pauses. Low enough that the process has CPU to
 # spare (without a service rate the bolt was bound by the CPU both cores share, so `none` measured
 # no capacity: the load moved it, and policies that did less work per tuple scored over 1.0).

@@ -32,8 +32,7 @@ lets the relay go, the spout must still come back to ``originv``. (c) and (e) ru
 (``settle_after_release``: a queue at work reads its next light window only once a release shows in its smoothed
 level): the releases, slower, must still bring every limit back to ``originv`` exactly; and with
 ``stepwise+provisional`` (``provisional_light``: an overload drops a light reading taken before the move it followed
-showed), which must too; and (c), (e) and (f) with ``stepwise+paced`` (``drain_within_ms``: a backlog falling too
-slowly steps on), whose extra steps down must be given back to ``originv`` exactly.
+showed), which must too.
 
 Nothing here asserts on wall time; the waits only bound a hang.
 """
@@ -119,10 +118,10 @@ def _g(box: Ctl, tracked: bool) -> Topology:
 
 BUILD = {"a": _a, "b": _b, "c": _c, "d": _d, "e": _e, "f": _f, "g": _g}
 # Settings beyond the document: the matrix's named variants (stepwise+flat, +search, +slopes, +hops, +dry,
-# +drain, +intake, +settle, +provisional, +paced), read from the bench so the two cannot drift apart.
+# +drain, +intake, +settle, +provisional), read from the bench so the two cannot drift apart.
 SETTINGS = {"": {}, **{name: VARIANTS[f"stepwise+{name}"]
                        for name in ("flat", "search", "slopes", "hops", "dry", "drain", "intake", "settle",
-                                    "provisional", "paced")}}
+                                    "provisional")}}
 CASES = [(k, False, "") for k in BUILD] + [("a", True, ""), ("b", True, ""), ("d", False, "flat"),
                                            ("e", False, "flat")] + [(k, False, "search") for k in "bcef"] + [
                                            (k, False, "slopes") for k in "bcef"] + [
@@ -131,8 +130,7 @@ CASES = [(k, False, "") for k in BUILD] + [("a", True, ""), ("b", True, ""), ("d
                                            (k, False, "drain") for k in "ce"] + [
                                            (k, False, "intake") for k in "cf"] + [
                                            (k, False, "settle") for k in "ce"] + [
-                                           (k, False, "provisional") for k in "ce"] + [
-                                           (k, False, "paced") for k in "cef"]
+                                           (k, False, "provisional") for k in "ce"]
 
 
 def _config(acking: bool, settings: str = "") -> Any:

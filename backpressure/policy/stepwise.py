@@ -313,17 +313,6 @@ began). In the trace of (c) under ``settle_after_release`` above, the bracket ke
 times the capacity, so the steps down bisected towards it and then crept; with the reading dropped, the step
 down goes to the middle of what was shown. ``settle_after_release`` instead delays the reading, which slowed (e).
 
-A backlog that falls too slowly (a setting; off in the document)
-----------------------------------------------------------------
-``drain_within``: a queue over the high mark that fell since the last check holds the rate in force (the step
-"visibly works", above). At a rate just under the capacity it works slowly: in (c) after the start burst a step
-down landed a few percent under the capacity, and the slow task's queue stood near the hard bound for seconds,
-falling a few KB/s. With this setting, a backlog whose fall since the last check would take longer than
-``drain_within`` to bring it under the high mark steps its upstream down on: one part of a step, doubling
-while it stays that slow (at most a whole step), granted under the step-6 rule like any step. It reads nothing
-into the bracket: the queue was falling, so the rate in force is no overload. Releases give the steps back one
-light window at a time, to ``originv`` exactly.
-
 Two more settings (off in the document)
 ---------------------------------------
 * ``release_window``: the low mark must hold this long (instead of ``sensitivity``)
@@ -380,7 +369,6 @@ class StepwiseParams:
     within_intake: bool = False         # bracket_search: no upstream released past what this task's own limit takes in
     settle_after_release: bool = False  # queue_smoothing: after a release, light counts once the level shows it
     provisional_light: bool = False     # bracket_search: light read before our last move showed is dropped on overload
-    drain_within: float = 0.0           # seconds: a backlog falling too slowly to be under the high mark by then steps on
     hard_bound: int | None = None       # queue bytes at which emit waits (None: 2 x high_mark)
 
     def __post_init__(self) -> None:
@@ -392,9 +380,9 @@ class StepwiseParams:
             raise ValueError("sensitivity, rate_floor and resend_factor must be > 0")
         if self.fine_steps < 1 or self.drain_margin < 0 or min(self.originv_memory, self.originv_hold, self.queue_smoothing,
                                       self.release_window, self.bracket_light_window,
-                                      self.dry_release_window, self.drain_within) < 0:
+                                      self.dry_release_window) < 0:
             raise ValueError("fine_steps must be >= 1; drain_margin, originv_memory, originv_hold, queue_smoothing, "
-                             "release_window, bracket_light_window, dry_release_window, drain_within >= 0")
+                             "release_window, bracket_light_window, dry_release_window >= 0")
 
     @property
     def light_window(self) -> float:
@@ -447,7 +435,6 @@ class StepwiseParams:
                    within_intake=bool(config.get("backpressure.release_within_intake", False)),
                    settle_after_release=bool(config.get("backpressure.settle_after_release", False)),
                    provisional_light=bool(config.get("backpressure.provisional_light", False)),
-                   drain_within=float(config.get("backpressure.drain_within_ms", 0.0)) / 1000.0,
                    hard_bound=None if config.get("queue.hard_bound") is None else int(config["queue.hard_bound"]))
 
 
@@ -547,8 +534,6 @@ class Downstream:
         self.level = NORMAL
         self.last_check = now
         self.last_bytes: float | None = None  # queue level at the previous periodic check
-        self.last_bytes_at = now              # ... read then (drain_within: how fast it falls)
-        self.drain_size: dict[int, int] = {}  # drain_within: the last step taken for a backlog falling too slowly
         self.step_level: float | None = None  # queue level at this task's last step down (flat_queue_holds)
         self.low_since: float | None = None
         self.low_min = 0.0                    # bracket_search: the lowest level since low_since
@@ -584,7 +569,7 @@ class Downstream:
         queue_bytes = self._level(now, queue_bytes)
         if self.settle_at is not None and now >= self.settle_at:
             self.settle_at = None
-            self.last_bytes, self.last_bytes_at = queue_bytes, now   # the trend since our step is read from here
+            self.last_bytes = queue_bytes     # the trend since our step is read from here
         if queue_bytes <= p.low_mark:
             if self.low_at is None:
                 self.low_at = now
@@ -638,15 +623,12 @@ class Downstream:
         retry = over and self.level == OVERLOADED and now - self.last_check < p.sensitivity
         # The rate in force is working: the backlog fell (or, under flat_queue_holds, stopped growing).
         draining = self.last_bytes is not None and queue_bytes < self.last_bytes
-        slow = draining and self._drains_slowly(now, queue_bytes)
-        if not slow:
-            self.drain_size.clear()
         if p.flat_queue_holds and self.step_level is not None:
             # Since our last step the queue rose no further: the rate in force matches the capacity.
             draining = draining or p.stopped_growing(max(self.step_level, self.last_bytes or 0.0), queue_bytes)
         if not retry:
             self.last_check = now
-            self.last_bytes, self.last_bytes_at = queue_bytes, now
+            self.last_bytes = queue_bytes
         if over:
             self.level = OVERLOADED
             self.at_intake = False
@@ -665,12 +647,6 @@ class Downstream:
                     self._block(u, v.stepped_at + p.sensitivity)     # step 6: being backpressured
                     continue
                 if draining and (v.k > 0 or self.holds.get(u, 0) > 0):
-                    if slow and (h := self.holds.get(u, 0)) > 0:
-                        # ... but too slowly to be under the high mark within drain_within: a rate this near
-                        # the capacity would keep the backlog for seconds. Step on, without reading the
-                        # bracket (the queue falls: the rate in force is no overload).
-                        out.append(self._drain_step(u, now, h, v.k if view(u) is not None else h, queue_bytes))
-                        self.step_level = queue_bytes
                     continue  # the rate in force is working: the backlog is falling
                 out.append(self._move(u, BACKPRESSURE, now, v.k if view(u) is not None else None, queue_bytes,
                                       v.originv))
@@ -752,26 +728,6 @@ class Downstream:
             return 0
         return max(0, math.ceil(p.fine_steps * math.log(self.intake / originv) / math.log(p.step) - 1e-9))
 
-    def _drains_slowly(self, now: float, level: float) -> bool:
-        """``drain_within``: the level over the high mark, falling since the last check at a pace that would
-        take longer than ``drain_within`` to bring it under the mark."""
-        p = self.params
-        if not p.drain_within or self.last_bytes is None or now <= self.last_bytes_at:
-            return False
-        fall = self.last_bytes - level
-        return fall > 0 and (level - p.high_mark) * (now - self.last_bytes_at) > fall * p.drain_within
-
-    def _drain_step(self, u: int, now: float, h: int, k: int, level: float) -> Signal:
-        """``drain_within``: one step down for a backlog that falls too slowly: one part of a step, doubling
-        (at most a whole step) while it stays too slow. It reads nothing into the bracket: the queue was falling,
-        so the rate in force is not one that overloads."""
-        size = min(self.params.fine_steps, 2 * self.drain_size[u]) if u in self.drain_size else 1
-        self.drain_size[u] = size
-        self.moved[u] = (now, level, k + size)
-        if self.params.bracket_interpolate:
-            self.settle_at = now + SETTLE * self.params.queue_smoothing
-        return self._send(u, h + size, BACKPRESSURE, now)
-
     def _block(self, u: int, until: float) -> None:
         self.blocked.add(u)
         self.retry_at = until if self.retry_at is None else min(self.retry_at, until)
@@ -785,7 +741,6 @@ class Downstream:
         """
         whole = self.params.fine_steps
         h = self.holds.get(u, 0)
-        self.drain_size.pop(u, None)
         if self.params.bracket_search:
             seen = h if k is None else k
             mine = self._bracket(u, kind, seen, h, now, level, originv)
