@@ -143,12 +143,6 @@ VARIANTS["stepwise+intake"] = {**VARIANTS["stepwise+dry"], "backpressure.release
 # (c: a light window read 60 ms after the slow task released the relay, before the release showed, let it
 # release again far past the capacity; the bracket then crept back a part at a time with the queues at the bound).
 VARIANTS["stepwise+settle"] = {**VARIANTS["stepwise+intake"], "backpressure.settle_after_release": True}
-# stepwise+intake whose light windows begun before the last move showed in the smoothed level are provisional:
-# an overload drops such a reading from the bracket (c: a light window read 60 ms after the slow task released the
-# relay, before the release showed, kept the bracket on a rate three times the capacity; the step downs then
-# bisected towards it and crept, with the queues at the bound). Releases come as often as without it, so (e)'s
-# climb back keeps its pace, which settle_after_release did not.
-VARIANTS["stepwise+provisional"] = {**VARIANTS["stepwise+intake"], "backpressure.provisional_light": True}
 # The variants a whole run measures (the others run when named with --policies; their last figures are
 # in BENCHMARKS.md): the combinations named for the goals (stepwise+slopes is stepwise+hops without
 # hold_starved_upstream, the same rules wherever no relay bolt feeds the slow task), and the newest setting.
@@ -156,8 +150,7 @@ MATRIX_VARIANTS = ("stepwise+hops", "stepwise+recent", "stepwise+dry", "stepwise
 # Run --repeat times (the others once): the reference, the baseline the goals are read against, the
 # document's default and the named combination.
 REPEATED = ("none", "source_stop", "stepwise", "stepwise+search", "stepwise+slopes", "stepwise+hops",
-            "stepwise+recent", "stepwise+dry", "stepwise+drain", "stepwise+intake", "stepwise+settle",
-            "stepwise+provisional")
+            "stepwise+recent", "stepwise+dry", "stepwise+drain", "stepwise+intake", "stepwise+settle")
 # (g)'s fast bolt: tuples/s of service between its pauses. Low enough that the process has CPU to
 # spare (without a service rate the bolt was bound by the CPU both cores share, so `none` measured
 # no capacity: the load moved it, and policies that did less work per tuple scored over 1.0).

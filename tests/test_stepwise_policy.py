@@ -1801,9 +1801,9 @@ def test_release_within_intake_is_off_by_default_and_comes_from_the_config() -> 
 
 # -- settle_after_release (a setting; off in the document) ----------------------------------------------
 
-def _release_times(level: int, n: int = 6, **settings: object) -> tuple[list[float], Throttle]:
+def _release_times(level: int, settle: bool, n: int = 6) -> tuple[list[float], Throttle]:
     """Stepped three whole steps down, then the queue held at ``level``: when each of ``n`` releases came."""
-    w, d, th, _ = _sloped(queue_smoothing=0.05, **settings)
+    w, d, th, _ = _sloped(queue_smoothing=0.05, settle_after_release=settle)
     for t in (0.0, 0.2, 0.4):
         w.check(d, t, HIGH)
     times: list[float] = []
@@ -1825,14 +1825,14 @@ def test_settle_after_release_a_queue_at_work_reads_its_next_light_window_once_t
     # queue_smoothing 50 ms: a release shows in the smoothed level after 3 time constants (150 ms), and a
     # light window is 50 ms. A queue at work (a quarter of the low mark) releases every light window
     # without the setting, and every 150 + 50 ms with it.
-    assert all(g <= 0.06 for g in _gaps(_release_times(LOW // 4)[0]))
-    assert all(0.2 <= g <= 0.21 for g in _gaps(_release_times(LOW // 4, settle_after_release=True)[0]))
+    assert all(g <= 0.06 for g in _gaps(_release_times(LOW // 4, False)[0]))
+    assert all(0.2 <= g <= 0.21 for g in _gaps(_release_times(LOW // 4, True)[0]))
 
 
 def test_settle_after_release_an_idle_queue_releases_at_every_light_window_as_before() -> None:
     # Idle (0 bytes), a queue shows nothing of the rate either way: once the smoothed level is down from the
     # overload, the releases come every 50 ms window with the setting as without it.
-    on, off = _gaps(_release_times(0, settle_after_release=True)[0]), _gaps(_release_times(0)[0])
+    on, off = _gaps(_release_times(0, True)[0]), _gaps(_release_times(0, False)[0])
     assert all(g <= 0.06 for g in on[2:]) and all(g <= 0.06 for g in off)
 
 
@@ -1859,7 +1859,7 @@ def test_settle_after_release_a_rise_in_the_settle_time_starts_the_window_no_soo
 
 
 def test_settle_after_release_the_rate_still_comes_back_to_originv_exactly() -> None:
-    times, th = _release_times(LOW // 4, n=100, settle_after_release=True)
+    times, th = _release_times(LOW // 4, True, n=100)
     assert th.k == 0 and th.rate is None and th.nominal_rate == 20_000.0 == th.originv
 
 
@@ -1869,66 +1869,3 @@ def test_settle_after_release_is_off_by_default_and_comes_from_the_config() -> N
     assert StepwiseParams.from_config(resolve({"backpressure.settle_after_release": True})).settle_after_release
     with pytest.raises(ConfigError, match="backpressure.settle_after_release"):
         resolve({"backpressure.settle_after_release": "sometimes"})
-
-
-# -- provisional_light (a setting; off in the document) ----------------------------------------------------
-
-def _released_then_overloaded(provisional: bool, releases: int, level: int = LOW // 4) -> tuple[list[int], Downstream,
-                                                                                               Throttle]:
-    """Three whole steps down (over at 32, k 48), then the queue held at ``level`` for ``releases`` releases,
-    then at the hard bound until the next step down: the upstream's ``k`` after each move."""
-    w, d, th, _ = _sloped(queue_smoothing=0.05, provisional_light=provisional)
-    for t in (0.0, 0.2, 0.4):
-        w.check(d, t, HIGH)
-    ks, t = [th.k], 0.4
-    while len(ks) <= releases and t < 10.0:
-        t = round(t + 0.005, 3)
-        tick(w, d, t, level)
-        if th.k != ks[-1]:
-            ks.append(th.k)
-    while th.k <= ks[-1] and t < 12.0:
-        t = round(t + 0.005, 3)
-        tick(w, d, t, 2 * HIGH)
-    ks.append(th.k)
-    return ks, d, th
-
-
-def test_provisional_light_an_overload_drops_light_read_before_the_release_before_it_showed() -> None:
-    # The first release (at 48, after the step down showed) is evidence; the second came 50 ms later, its
-    # light window begun at the first release, before it could show in the level (3 x 50 ms): at 40 the
-    # queue still read the rate of 48. The overload at 36 drops that reading: the bracket is 36..48 again,
-    # not 36..40, so the step down goes to the middle of what is known (42), not to 38, which was never shown
-    # to be light.
-    without, d0, _ = _released_then_overloaded(False, 2)
-    assert without == [48, 40, 36, 38] and d0.light[1] == 40
-    with_it, d1, _ = _released_then_overloaded(True, 2)
-    assert with_it == [48, 40, 36, 42] and d1.light[1] == 48 and 1 not in d1.provisional
-
-
-def test_provisional_light_drops_only_the_reading_before_the_overload_in_a_run_of_releases() -> None:
-    # Releases 48 -> 40 -> 36 -> 34: the light read at 36 (before the release to 36 showed) is dropped, and
-    # the one read at 40, itself read early, stands: one reading per contradiction, so a long climb does not
-    # fall back to where it began.
-    assert _released_then_overloaded(False, 3)[0] == [48, 40, 36, 34, 35]
-    assert _released_then_overloaded(True, 3)[0] == [48, 40, 36, 34, 37]
-
-
-def test_provisional_light_a_light_window_begun_after_the_move_showed_stands() -> None:
-    # One release: its light window began after the step down to 48 showed in the level; the overload at 40
-    # keeps it (44, the middle of 40..48), with the setting as without it.
-    assert _released_then_overloaded(True, 1)[0] == _released_then_overloaded(False, 1)[0] == [48, 40, 44]
-
-
-def test_provisional_light_releases_come_as_often_as_without_it_and_return_to_originv_exactly() -> None:
-    # It only reads an overload differently: the climb back (the matrix's (e)) keeps its pace.
-    on, th = _release_times(LOW // 4, n=100, provisional_light=True)
-    assert on == _release_times(LOW // 4, n=100)[0] and len(on) > 3
-    assert th.k == 0 and th.rate is None and th.nominal_rate == 20_000.0 == th.originv
-
-
-def test_provisional_light_is_off_by_default_and_comes_from_the_config() -> None:
-    from topo.config import ConfigError, resolve
-    assert StepwiseParams.from_config(resolve({})).provisional_light is False
-    assert StepwiseParams.from_config(resolve({"backpressure.provisional_light": True})).provisional_light
-    with pytest.raises(ConfigError, match="backpressure.provisional_light"):
-        resolve({"backpressure.provisional_light": "sometimes"})

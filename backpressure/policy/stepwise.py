@@ -302,17 +302,6 @@ the queues at the bound. An idle queue shows nothing of the rate either way and 
 window as before. Measured, that slow mode came in 1 of 16 runs of (c) under it against 4 of 16 without it,
 but it slowed the climb back in (e) (goodput 0.94); BENCHMARKS.md has the cells.
 
-Light read too soon is provisional (a setting; off in the document)
---------------------------------------------------------------------
-``provisional_light`` (with ``bracket_search`` and ``queue_smoothing``): a light window that began before this
-task's last move on an upstream could show in the smoothed level (``SETTLE`` time constants after it) read the
-rate before that move, not the one in force. It still releases (so a climb back is as fast as without the
-setting), but the reading is provisional: an overload before the next release drops it from the bracket and
-the light read before it stands (one reading per overload, so a long climb does not fall back to where it
-began). In the trace of (c) under ``settle_after_release`` above, the bracket kept such a reading, a rate three
-times the capacity, so the steps down bisected towards it and then crept; with the reading dropped, the step
-down goes to the middle of what was shown. ``settle_after_release`` instead delays the reading, which slowed (e).
-
 Two more settings (off in the document)
 ---------------------------------------
 * ``release_window``: the low mark must hold this long (instead of ``sensitivity``)
@@ -368,7 +357,6 @@ class StepwiseParams:
     drain_margin: int = 0               # bracket_search: a step down goes at least this many parts under `light`
     within_intake: bool = False         # bracket_search: no upstream released past what this task's own limit takes in
     settle_after_release: bool = False  # queue_smoothing: after a release, light counts once the level shows it
-    provisional_light: bool = False     # bracket_search: light read before our last move showed is dropped on overload
     hard_bound: int | None = None       # queue bytes at which emit waits (None: 2 x high_mark)
 
     def __post_init__(self) -> None:
@@ -434,7 +422,6 @@ class StepwiseParams:
                    drain_margin=int(config.get("backpressure.drain_margin_parts", 0)),
                    within_intake=bool(config.get("backpressure.release_within_intake", False)),
                    settle_after_release=bool(config.get("backpressure.settle_after_release", False)),
-                   provisional_light=bool(config.get("backpressure.provisional_light", False)),
                    hard_bound=None if config.get("queue.hard_bound") is None else int(config["queue.hard_bound"]))
 
 
@@ -522,7 +509,6 @@ class Downstream:
         self.creep: dict[int, int] = {}       # bracket_search: the last step down after a contradiction
         self.rise: dict[int, int] = {}        # bracket_search: the last step up after a contradiction
         self.overloaded: dict[int, float] = {}   # release_below_overload: when light was read where it overloaded
-        self.provisional: dict[int, int | None] = {}  # provisional_light: the light before one read too soon
         self.others_seen: dict[int, int] = {} # bracket_search: steps the other downstreams held, last seen
         self.over_slope: dict[int, float] = {}   # bracket_interpolate: bytes/s the queue rose at k = over
         self.light_slope: dict[int, float] = {}  # bracket_interpolate: bytes/s the queue fell at k = light
@@ -815,8 +801,6 @@ class Downstream:
         shift = round(self.params.fine_steps * math.log(originv / old) / math.log(1.0 / self.params.step))
         if u in self.light:
             self.light[u] = max(0, self.light[u] + shift)
-        if (before := self.provisional.get(u)) is not None:
-            self.provisional[u] = max(0, before + shift)
         if self.over.get(u):
             self.over[u] = max(0, self.over[u] + shift)
 
@@ -828,8 +812,7 @@ class Downstream:
         whole = p.fine_steps
         ended = self.ended_at.pop(u, None) if kind == BACKPRESSURE else None
         if kind == BACKPRESSURE and k == 0 and (ended is None or now - ended >= p.originv_memory):
-            for side in (self.over, self.light, self.creep, self.rise, self.over_slope, self.light_slope, self.overloaded,
-                         self.provisional):
+            for side in (self.over, self.light, self.creep, self.rise, self.over_slope, self.light_slope, self.overloaded):
                 side.pop(u, None)                 # a new episode: nothing known yet
         slope = self._slope(u, kind, k, now, level) if p.bracket_interpolate else None
         if p.bracket_interpolate and originv is not None:
@@ -838,10 +821,6 @@ class Downstream:
         creep = self.creep.pop(u, None)
         if kind == BACKPRESSURE:
             self.rise.pop(u, None)
-            if u in self.provisional:
-                # The light it was read too soon to show is contradicted: the one before it stands.
-                light = self.provisional.pop(u)
-                self.light_slope.pop(u, None)
             if light is not None and light <= k:
                 # Overloaded where it was light: that light window was too short to show a rate just
                 # over the capacity, or the capacity fell a little: one part of a step, doubling while
@@ -887,12 +866,6 @@ class Downstream:
                 # over it); held there, ``at_intake`` says so, so a starved-upstream rule below us still
                 # lets us go although our queue may run idle.
                 target = max(target, cap - 1)
-            if p.provisional_light:
-                mv = self.moved.get(u)
-                if mv is not None and self.low_since is not None and self.low_since < mv[0] + SETTLE * p.queue_smoothing:
-                    self.provisional[u] = light   # read before our last move could show in the level
-                else:
-                    self.provisional.pop(u, None)
             light = k
             self._keep(self.light_slope, u, slope)
         for side, val in ((self.over, over), (self.light, light)):
