@@ -302,22 +302,6 @@ the queues at the bound. An idle queue shows nothing of the rate either way and 
 window as before. Measured, that slow mode came in 1 of 16 runs of (c) under it against 4 of 16 without it,
 but it slowed the climb back in (e) (goodput 0.94); BENCHMARKS.md has the cells.
 
-No release past what the task can execute (a setting; off in the document)
---------------------------------------------------------------------------
-``within_service`` (with ``bracket_search``): a light queue says the rate in force is under the task's capacity,
-not by how much; the bracket's middle says where to go, and when its upper end is the free rate of a start burst
-that middle can be several times the capacity (the overload matrix's (c): the slow task's first release after the
-burst took the relay from about 1,230/s to about 5,100/s against a capacity of 1,500/s, and the queues stood near
-the hard bound for seconds after). The runtime knows more: over the last ``sensitivity`` the task executed so
-many tuples per second, and so many per second it was busy (not waiting for input or on a full queue
-downstream); their ratio is how much faster its input could come before it is busy all the time (the "true
-processing rate" of DS2 and Flink's autoscaler). With this setting a release goes no further than the first step
-at or over the upstream's rate in force times that ratio (within one part over it), the task's other upstreams
-taken as they are; it still goes at least one part, so a task busy all the time still climbs, one part a light
-window, and every limit comes back to ``originv``. Time the event loop spends on other tasks while this one has
-work counts as busy, so the bound errs low (smaller releases), never high. The driver feeds ``served`` before
-each check.
-
 Two more settings (off in the document)
 ---------------------------------------
 * ``release_window``: the low mark must hold this long (instead of ``sensitivity``)
