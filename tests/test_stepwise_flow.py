@@ -37,7 +37,6 @@ class FakeTask:
         self.emitted = 0                    # the test counts what it "emits"
         self.executed = 0                   # ... and what it "executes"
         self.dry = 0                        # the test counts rounds its "source" ran dry
-        self.waited = 0                     # ... and the nanoseconds it "waited"
         self.limit: float | None = None
         self.history: list[float | None] = []
         self.stats = TaskStats("t", component, task_id, self.is_spout)
@@ -53,9 +52,6 @@ class FakeTask:
 
     def emitted_count(self) -> int:
         return self.emitted
-
-    def wait_ns(self) -> int:
-        return self.waited
 
     def dry_count(self) -> int:
         return self.dry

@@ -357,7 +357,6 @@ class StepwiseParams:
     drain_margin: int = 0               # bracket_search: a step down goes at least this many parts under `light`
     within_intake: bool = False         # bracket_search: no upstream released past what this task's own limit takes in
     settle_after_release: bool = False  # queue_smoothing: after a release, light counts once the level shows it
-    within_service: bool = False        # bracket_search: no upstream released past what this task can execute
     hard_bound: int | None = None       # queue bytes at which emit waits (None: 2 x high_mark)
 
     def __post_init__(self) -> None:
@@ -423,7 +422,6 @@ class StepwiseParams:
                    drain_margin=int(config.get("backpressure.drain_margin_parts", 0)),
                    within_intake=bool(config.get("backpressure.release_within_intake", False)),
                    settle_after_release=bool(config.get("backpressure.settle_after_release", False)),
-                   within_service=bool(config.get("backpressure.release_within_service", False)),
                    hard_bound=None if config.get("queue.hard_bound") is None else int(config["queue.hard_bound"]))
 
 
@@ -532,7 +530,6 @@ class Downstream:
         self.last_obs = now
         self.intake: float | None = None      # within_intake: upstream tuples/s our own emit limit lets us take in
         self.at_intake = False                # within_intake: the last light check withheld a release at intake
-        self.service: tuple[float, float] | None = None   # within_service: (tuples/s executed, per busy second)
 
     def _level(self, now: float, queue_bytes: float) -> float:
         """The queue level the marks are read on: raw bytes, or their EWMA (``queue_smoothing``)."""
@@ -707,26 +704,6 @@ class Downstream:
         the tuples it takes in per tuple it emits); None while its limiter is off or that is not known."""
         self.intake = intake
 
-    def served(self, tuples: int, span: float, busy: float) -> None:
-        """``within_service``: this task executed ``tuples`` over the last ``span`` seconds, ``busy`` of them
-        not waiting (for input, or on a full queue downstream). Under ``MIN_RECENT_TUPLES`` or with no busy
-        time it says nothing (None)."""
-        ok = tuples >= MIN_RECENT_TUPLES and span > 0 and busy > 0
-        self.service = (tuples / span, tuples / min(busy, span)) if ok else None
-
-    def _service_k(self, k: int, originv: float | None) -> int | None:
-        """``within_service``: the fewest steps (of ``originv``) that hold an upstream now at ``k`` to the rate
-        at which this task would be busy all the time (its input scaled by executed per busy second over
-        executed per second), assuming its other upstreams stay as they are; None when not known."""
-        p = self.params
-        if not (p.within_service and p.bracket_search) or self.service is None or not originv or originv <= 0:
-            return None
-        rate, per_busy = self.service
-        most = scaled_rate(originv, p.step, k, p.fine_steps) * per_busy / rate
-        if most >= originv:
-            return 0
-        return max(0, math.ceil(p.fine_steps * math.log(most / originv) / math.log(p.step) - 1e-9))
-
     def _intake_k(self, originv: float | None) -> int | None:
         """``within_intake``: the fewest steps (of ``originv``) that hold an upstream to at most ``intake``;
         None when no such bound is in force."""
@@ -889,11 +866,6 @@ class Downstream:
                 # over it); held there, ``at_intake`` says so, so a starved-upstream rule below us still
                 # lets us go although our queue may run idle.
                 target = max(target, cap - 1)
-            most = self._service_k(k, originv)
-            if most is not None:
-                # No further than the first step at or over the rate that would keep this task busy all the
-                # time (within one part over it): a light queue says nothing of faster rates.
-                target = max(target, most - 1)
             light = k
             self._keep(self.light_slope, u, slope)
         for side, val in ((self.over, over), (self.light, light)):
