@@ -143,10 +143,6 @@ VARIANTS["stepwise+intake"] = {**VARIANTS["stepwise+dry"], "backpressure.release
 # (c: a light window read 60 ms after the slow task released the relay, before the release showed, let it
 # release again far past the capacity; the bracket then crept back a part at a time with the queues at the bound).
 VARIANTS["stepwise+settle"] = {**VARIANTS["stepwise+intake"], "backpressure.settle_after_release": True}
-# stepwise+intake whose relay, once let go entirely, keeps its intake bound at its originv's for originv_memory
-# (c: the slow task let the relay go, whose originv was near its capacity; the relay, free and idle, released the
-# spout from 2,354/s to 11,196/s in one move, about twice what the slow branch takes).
-VARIANTS["stepwise+memory"] = {**VARIANTS["stepwise+intake"], "backpressure.intake_memory": True}
 # The variants a whole run measures (the others run when named with --policies; their last figures are
 # in BENCHMARKS.md): the combinations named for the goals (stepwise+slopes is stepwise+hops without
 # hold_starved_upstream, the same rules wherever no relay bolt feeds the slow task), and the newest setting.
@@ -154,8 +150,7 @@ MATRIX_VARIANTS = ("stepwise+hops", "stepwise+recent", "stepwise+dry", "stepwise
 # Run --repeat times (the others once): the reference, the baseline the goals are read against, the
 # document's default and the named combination.
 REPEATED = ("none", "source_stop", "stepwise", "stepwise+search", "stepwise+slopes", "stepwise+hops",
-            "stepwise+recent", "stepwise+dry", "stepwise+drain", "stepwise+intake", "stepwise+settle",
-            "stepwise+memory")
+            "stepwise+recent", "stepwise+dry", "stepwise+drain", "stepwise+intake", "stepwise+settle")
 # (g)'s fast bolt: tuples/s of service between its pauses. Low enough that the process has CPU to
 # spare (without a service rate the bolt was bound by the CPU both cores share, so `none` measured
 # no capacity: the load moved it, and policies that did less work per tuple scored over 1.0).

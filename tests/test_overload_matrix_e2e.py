@@ -116,10 +116,9 @@ def _g(box: Ctl, tracked: bool) -> Topology:
 
 BUILD = {"a": _a, "b": _b, "c": _c, "d": _d, "e": _e, "f": _f, "g": _g}
 # Settings beyond the document: the matrix's named variants (stepwise+flat, +search, +slopes, +hops, +dry,
-# +drain, +intake, +settle, +memory), read from the bench so the two cannot drift apart.
+# +drain, +intake, +settle), read from the bench so the two cannot drift apart.
 SETTINGS = {"": {}, **{name: VARIANTS[f"stepwise+{name}"]
-                       for name in ("flat", "search", "slopes", "hops", "dry", "drain", "intake", "settle",
-                                    "memory")}}
+                       for name in ("flat", "search", "slopes", "hops", "dry", "drain", "intake", "settle")}}
 CASES = [(k, False, "") for k in BUILD] + [("a", True, ""), ("b", True, ""), ("d", False, "flat"),
                                            ("e", False, "flat")] + [(k, False, "search") for k in "bcef"] + [
                                            (k, False, "slopes") for k in "bcef"] + [
@@ -127,8 +126,7 @@ CASES = [(k, False, "") for k in BUILD] + [("a", True, ""), ("b", True, ""), ("d
                                            (k, False, "dry") for k in "de"] + [
                                            (k, False, "drain") for k in "ce"] + [
                                            (k, False, "intake") for k in "cf"] + [
-                                           (k, False, "settle") for k in "ce"] + [
-                                           (k, False, "memory") for k in "cf"]
+                                           (k, False, "settle") for k in "ce"]
 
 
 def _config(acking: bool, settings: str = "") -> Any:

@@ -230,8 +230,7 @@ class StepwiseFlowControl:
         if change.up and task_id in self.downstreams:
             self.downstreams[task_id].own_limit_rose()
         if self.params.within_intake and task_id in self.downstreams:
-            self.downstreams[task_id].own_limit(self._intake(task_id, self.throttles[task_id].bounding_rate(
-                self.clock())))
+            self.downstreams[task_id].own_limit(self._intake(task_id, change.rate))
         self.handles[task_id].set_rate(change.rate)
         self._show(task_id)
         if self.on_rate_change is not None:
@@ -267,10 +266,6 @@ class StepwiseFlowControl:
                 if change is not None:
                     self._act(task_id, change)
             self._carry_out(self.peers.expire(now, self._rate_of))
-            if self.params.intake_memory and self.params.within_intake:
-                for task_id, d in self.downstreams.items():
-                    if d.intake is not None and self.throttles[task_id].bounding_rate(now) is None:
-                        d.own_limit(None)     # the memory of its last limit ran out
             for task_id, d in self.downstreams.items():
                 q = self.handles[task_id].queue_bytes()
                 self._watch_idle(d, now, q)

@@ -357,7 +357,6 @@ class StepwiseParams:
     drain_margin: int = 0               # bracket_search: a step down goes at least this many parts under `light`
     within_intake: bool = False         # bracket_search: no upstream released past what this task's own limit takes in
     settle_after_release: bool = False  # queue_smoothing: after a release, light counts once the level shows it
-    intake_memory: bool = False         # within_intake: the bound stays at originv's for originv_memory once let go
     hard_bound: int | None = None       # queue bytes at which emit waits (None: 2 x high_mark)
 
     def __post_init__(self) -> None:
@@ -423,7 +422,6 @@ class StepwiseParams:
                    drain_margin=int(config.get("backpressure.drain_margin_parts", 0)),
                    within_intake=bool(config.get("backpressure.release_within_intake", False)),
                    settle_after_release=bool(config.get("backpressure.settle_after_release", False)),
-                   intake_memory=bool(config.get("backpressure.intake_memory", False)),
                    hard_bound=None if config.get("queue.hard_bound") is None else int(config["queue.hard_bound"]))
 
 
@@ -969,15 +967,6 @@ class Throttle:
         if self.originv is None:
             return None
         return scaled_rate(self.originv, self.params.step, self.k, self.params.fine_steps)
-
-    def bounding_rate(self, now: float) -> float | None:
-        """``within_intake``: the emit rate that bounds what this task takes in: its limit in force, or with
-        ``intake_memory`` ``originv`` for ``originv_memory`` after its downstreams let it go entirely (a rate
-        they found light one part under; past it they were not shown light at all); None: no bound."""
-        rate = self.rate
-        if rate is not None or not self.params.intake_memory or self.originv is None or self.released_at is None:
-            return rate
-        return self.originv if now - self.released_at < self.params.originv_memory else None
 
     def stepping(self, now: float) -> bool:
         """Step 6's "being backpressured right now": stepped down less than ``sensitivity`` ago."""
