@@ -1869,3 +1869,112 @@ def test_settle_after_release_is_off_by_default_and_comes_from_the_config() -> N
     assert StepwiseParams.from_config(resolve({"backpressure.settle_after_release": True})).settle_after_release
     with pytest.raises(ConfigError, match="backpressure.settle_after_release"):
         resolve({"backpressure.settle_after_release": "sometimes"})
+
+
+# -- release_within_service (a setting; off in the document) -------------------------------------------------
+
+SP = replace(IP, within_intake=False, within_service=True)
+
+
+def _served_world(params: StepwiseParams = SP) -> tuple[World, Downstream, Throttle]:
+    """A task holding a spout three whole steps down (2,500/s, k 24; ``over`` 16, the start burst's
+    bracket upper end at the free rate before it)."""
+    w, d, th = _intake_world(params)
+    for t in (0.0, 2.0, 4.0):
+        w.check(d, t, HIGH)
+    w.check(d, 6.0, 0)                   # light from here: the window starts
+    assert th.k == 24
+    return w, d, th
+
+
+def test_release_within_service_goes_no_further_than_one_part_over_the_rate_that_keeps_the_task_busy() -> None:
+    w, d, th = _served_world()
+    # 2,500 executed/s, busy 0.8 of the time: 3,125/s would keep it busy throughout. The bracket's middle
+    # (20: 3,536/s) is over that; one part over it is k 21 (3,242/s), and no further.
+    d.served(500, 0.2, 0.16, {1: 2_500.0})
+    assert _released(w, d, th, 6.0, 1) == [21]
+    # At 3,242/s and busy all the time: one part a light window, no more.
+    d.served(648, 0.2, 0.2, {1: 3_242.0})
+    assert _released(w, d, th, 8.0, 3) == [20, 19, 18]
+
+
+def test_release_within_service_an_idle_task_releases_by_the_bracket_and_a_release_is_at_least_one_part() -> None:
+    # Busy a tenth of the time: the cap (25,000/s) is over originv, so the bracket's middle stands, as without it.
+    w, d, th = _served_world()
+    d.served(500, 0.2, 0.02, {1: 2_500.0})
+    w2, d2, th2 = _served_world(replace(SP, within_service=False))
+    d2.served(500, 0.2, 0.02, {1: 2_500.0})             # the setting off: the figure is not read
+    assert _released(w, d, th, 6.0, 2) == _released(w2, d2, th2, 6.0, 2) == [20, 18]
+    # Busier than the figures allow (executed/s over executed per busy second > 1 cannot hold: a busy span is
+    # capped at the span): still one part.
+    w3, d3, th3 = _served_world()
+    d3.served(500, 0.2, 0.5, {1: 2_500.0})
+    assert _released(w3, d3, th3, 6.0, 1) == [23]
+
+
+def test_release_within_service_reads_what_the_upstream_sent_not_its_limit() -> None:
+    # The spout is limited to 2,500/s but sends 1,250/s (held under its limit upstream); this task executes
+    # 1,250/s, busy 0.8 of the time: 1,562/s would keep it busy. Scaling the limit (3,125/s) would let the bracket's
+    # middle past the capacity; from what it sent, the release is one part.
+    w, d, th = _served_world()
+    d.served(250, 0.2, 0.16, {1: 1_250.0})
+    assert _released(w, d, th, 6.0, 1) == [23]
+    w2, d2, th2 = _served_world()
+    d2.served(250, 0.2, 0.16, {1: 2_500.0})
+    assert _released(w2, d2, th2, 6.0, 1) == [21]
+    # An upstream whose emits are not known (another process), or too few to read, is not bounded.
+    for sent in ({}, {1: 30.0}):
+        w3, d3, th3 = _served_world()
+        d3.served(250, 0.2, 0.16, sent)
+        assert _released(w3, d3, th3, 6.0, 1) == [20]
+
+
+def test_release_within_service_says_nothing_from_too_few_tuples_or_no_busy_time() -> None:
+    for tuples, busy in ((MIN_RECENT_TUPLES - 1, 0.2), (500, 0.0)):
+        w, d, th = _served_world()
+        d.served(tuples, 0.2, busy, {1: 2_500.0})
+        assert d.service is None and _released(w, d, th, 6.0, 1) == [20]
+
+
+def test_release_within_service_the_rate_still_comes_back_to_originv_exactly() -> None:
+    w, d, th = _served_world()
+    t = 6.0
+    while th.k and t < 400.0:
+        d.served(500, 0.2, 0.2, {1: 2_500.0})   # busy throughout: one part per light window
+        t += 2.0
+        w.check(d, t, 0)
+    assert th.k == 0 and th.rate is None and th.nominal_rate == 20_000.0 == th.originv
+
+
+def test_release_within_service_is_off_by_default_and_comes_from_the_config() -> None:
+    from topo.config import ConfigError, resolve
+    assert StepwiseParams.from_config(resolve({})).within_service is False
+    assert StepwiseParams.from_config(resolve({"backpressure.release_within_service": True})).within_service
+    with pytest.raises(ConfigError, match="backpressure.release_within_service"):
+        resolve({"backpressure.release_within_service": "sometimes"})
+
+
+# -- intake_memory (a setting of release_within_intake; off in the document) ------------------------------------
+
+def test_intake_memory_a_bolt_let_go_keeps_its_originv_as_its_bound_for_originv_memory() -> None:
+    params = replace(IP, intake_memory=True)
+    th = Throttle(2, params)
+    assert th.bounding_rate(0.0) is None                     # never limited: no bound
+    th.on_signal(Signal(BACKPRESSURE, 2, 10, 8, 1, 0.0), 4_000.0, 0.0)
+    assert th.bounding_rate(0.0) == th.rate == 2_000.0       # its limit in force
+    th.on_signal(Signal(RELEASE, 2, 10, 0, 2, 1.0), 2_000.0, 1.0)
+    assert th.rate is None and th.bounding_rate(1.0) == 4_000.0 == th.originv
+    assert th.bounding_rate(1.0 + params.originv_memory - 0.01) == 4_000.0
+    assert th.bounding_rate(1.0 + params.originv_memory) is None
+    off = Throttle(2, IP)                                     # the setting off: the bound goes with the limit
+    off.on_signal(Signal(BACKPRESSURE, 2, 10, 8, 1, 0.0), 4_000.0, 0.0)
+    off.on_signal(Signal(RELEASE, 2, 10, 0, 2, 1.0), 2_000.0, 1.0)
+    assert off.bounding_rate(1.0) is None
+
+
+def test_intake_memory_is_off_by_default_and_comes_from_the_config() -> None:
+    from topo.config import ConfigError, resolve
+    assert StepwiseParams.from_config(resolve({})).intake_memory is False
+    assert StepwiseParams.from_config(resolve({"backpressure.intake_memory": True})).intake_memory
+    with pytest.raises(ConfigError, match="backpressure.intake_memory"):
+        resolve({"backpressure.intake_memory": "sometimes"})
