@@ -57,11 +57,6 @@ class TaskHandle(Protocol):
         ``step_from_recent_rate``; a driver not using that never calls it)."""
         ...
 
-    def wait_ns(self) -> int:
-        """Nanoseconds this task has spent waiting so far, for input or on a full queue downstream (0 for
-        spouts): a driver reads how busy it was (stepwise's ``release_within_service``)."""
-        ...
-
     def dry_count(self) -> int:
         """Rounds in which this spout's source had less to give than its limit allowed (0 for bolts): a
         driver reads whether the limit was in use (stepwise's ``dry_release_window``)."""

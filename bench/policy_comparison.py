@@ -143,13 +143,6 @@ VARIANTS["stepwise+intake"] = {**VARIANTS["stepwise+dry"], "backpressure.release
 # (c: a light window read 60 ms after the slow task released the relay, before the release showed, let it
 # release again far past the capacity; the bracket then crept back a part at a time with the queues at the bound).
 VARIANTS["stepwise+settle"] = {**VARIANTS["stepwise+intake"], "backpressure.settle_after_release": True}
-# stepwise+intake whose tasks release an upstream no further than the rate that would keep them busy all the time
-# (c: after the start burst the slow task's first release went to the middle of a bracket whose upper end was the
-# burst's free rate, about four times its capacity, and the queues stood near the hard bound for seconds after).
-# With intake_memory: a relay let go entirely keeps its intake bound at its originv's for originv_memory (the
-# slow task's capped release may still let go a relay whose originv lies near the capacity).
-VARIANTS["stepwise+service"] = {**VARIANTS["stepwise+intake"], "backpressure.release_within_service": True,
-                                "backpressure.intake_memory": True}
 # The variants a whole run measures (the others run when named with --policies; their last figures are
 # in BENCHMARKS.md): the combinations named for the goals (stepwise+slopes is stepwise+hops without
 # hold_starved_upstream, the same rules wherever no relay bolt feeds the slow task), and the newest setting.
@@ -157,8 +150,7 @@ MATRIX_VARIANTS = ("stepwise+hops", "stepwise+recent", "stepwise+dry", "stepwise
 # Run --repeat times (the others once): the reference, the baseline the goals are read against, the
 # document's default and the named combination.
 REPEATED = ("none", "source_stop", "stepwise", "stepwise+search", "stepwise+slopes", "stepwise+hops",
-            "stepwise+recent", "stepwise+dry", "stepwise+drain", "stepwise+intake", "stepwise+settle",
-            "stepwise+service")
+            "stepwise+recent", "stepwise+dry", "stepwise+drain", "stepwise+intake", "stepwise+settle")
 # (g)'s fast bolt: tuples/s of service between its pauses. Low enough that the process has CPU to
 # spare (without a service rate the bolt was bound by the CPU both cores share, so `none` measured
 # no capacity: the load moved it, and policies that did less work per tuple scored over 1.0).

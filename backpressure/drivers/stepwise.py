@@ -26,9 +26,6 @@ with a ``Coordinator`` carrying what they say to each other.
 * Under ``step_from_recent_rate`` the timer also samples every task's emitted
   count, and each throttle is told what its task emitted over the last
   ``recent_window`` (a ``CountWindow``).
-* Under ``release_within_service`` the timer samples every bolt's executed count and
-  the time it spent waiting, and before each check its downstream is told what it
-  executed over the last ``sensitivity`` and how much of that time it was busy.
 """
 from __future__ import annotations
 
@@ -80,8 +77,6 @@ class StepwiseFlowControl:
         self._idle: dict[int, bool] = {}               # hold_starved: bolt task -> its queue was idle
         self._idle_published: dict[int, float] = {}    # hold_starved: when it last published for that
         self._recent: dict[int, CountWindow] = {}      # step_from_recent_rate: task -> its emitted count
-        self._served: dict[int, tuple[CountWindow, CountWindow]] = {}   # within_service: executed, waited ns
-        self._sent: dict[int, CountWindow] = {}        # within_service: task -> its emitted count
         self._dry_seen: dict[int, int] = {}            # dry_release_window: spout task -> dry count last tick
         self._dry: dict[int, bool] = {}                # dry_release_window: it ran dry under its limit
         self._dry_published: dict[int, tuple[float, bool]] = {}   # (when, what) it last published of that
@@ -103,7 +98,6 @@ class StepwiseFlowControl:
                                                          now, self.run)
             self._show(h.task_id)
         self._sample_recent(now)
-        self._sample_served(now)
         await self.coordinator.start(self.handles, self._on_state)
         self._running = True
         for task_id in self.handles:
@@ -190,40 +184,8 @@ class StepwiseFlowControl:
         got = meter.since_oldest(self.clock(), h.emitted_count())
         return None if got is None else Recent(got[0], got[1], None if h.is_spout else h.queue_bytes())
 
-    def _sample_served(self, now: float) -> None:
-        if not self.params.within_service:
-            return
-        for task_id in self.downstreams:
-            h = self.handles[task_id]
-            if task_id not in self._served:
-                self._served[task_id] = (CountWindow(self.params.sensitivity), CountWindow(self.params.sensitivity))
-            executed, waited = self._served[task_id]
-            executed.sample(now, h.executed_count())
-            waited.sample(now, h.wait_ns())
-        for task_id, h in self.handles.items():
-            self._sent.setdefault(task_id, CountWindow(self.params.sensitivity)).sample(now, h.emitted_count())
-
-    def _tell_served(self, d: Downstream, now: float) -> None:
-        """``within_service``: what the task executed over the last ``sensitivity``, how busy it was, and what
-        each of its upstreams in this process emitted meanwhile (one in another process is not bounded)."""
-        meters = self._served.get(d.task_id)
-        if meters is None:
-            return
-        h = self.handles[d.task_id]
-        done, waited = meters[0].since_oldest(now, h.executed_count()), meters[1].since_oldest(now, h.wait_ns())
-        if done is None or waited is None:
-            return
-        sent: dict[int, float] = {}
-        for u in d.upstreams:
-            meter = self._sent.get(u)
-            got = None if meter is None else meter.since_oldest(now, self.handles[u].emitted_count())
-            if got is not None and got[1] > 0:
-                sent[u] = got[0] / got[1]
-        d.served(done[0], done[1], done[1] - waited[0] / 1e9, sent)
-
     def _check(self, d: Downstream, now: float, q: int) -> None:
         at_intake = d.at_intake
-        self._tell_served(d, now)
         for sig in d.check(now, q, self.peers.view):
             self._send(sig)
         if d.at_intake != at_intake:
@@ -268,8 +230,7 @@ class StepwiseFlowControl:
         if change.up and task_id in self.downstreams:
             self.downstreams[task_id].own_limit_rose()
         if self.params.within_intake and task_id in self.downstreams:
-            self.downstreams[task_id].own_limit(self._intake(task_id, self.throttles[task_id].bounding_rate(
-                self.clock())))
+            self.downstreams[task_id].own_limit(self._intake(task_id, change.rate))
         self.handles[task_id].set_rate(change.rate)
         self._show(task_id)
         if self.on_rate_change is not None:
@@ -298,7 +259,6 @@ class StepwiseFlowControl:
             await asyncio.sleep(self.period)
             now = self.clock()
             self._sample_recent(now)
-            self._sample_served(now)
             self._watch_dry(now)
             for task_id, th in self.throttles.items():
                 change = (th.refresh(self._rate_of(task_id), now, self._recent_of(task_id))
@@ -306,10 +266,6 @@ class StepwiseFlowControl:
                 if change is not None:
                     self._act(task_id, change)
             self._carry_out(self.peers.expire(now, self._rate_of))
-            if self.params.intake_memory and self.params.within_intake:
-                for task_id, d in self.downstreams.items():
-                    if d.intake is not None and self.throttles[task_id].bounding_rate(now) is None:
-                        d.own_limit(None)     # the memory of its last limit ran out
             for task_id, d in self.downstreams.items():
                 q = self.handles[task_id].queue_bytes()
                 self._watch_idle(d, now, q)

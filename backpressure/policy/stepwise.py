@@ -302,29 +302,6 @@ the queues at the bound. An idle queue shows nothing of the rate either way and 
 window as before. Measured, that slow mode came in 1 of 16 runs of (c) under it against 4 of 16 without it,
 but it slowed the climb back in (e) (goodput 0.94); BENCHMARKS.md has the cells.
 
-No release past what the task can execute (a setting; off in the document)
---------------------------------------------------------------------------
-``within_service`` (with ``bracket_search``): a light queue says the rate in force is under the task's capacity,
-not by how much; the bracket's middle says where to go, and when its upper end is the free rate of a start burst
-that middle can be several times the capacity (the overload matrix's (c): after the burst the spout's limit,
-which the relay sets under its intake bound, went to two to four and a half times what the slow branch takes
-within 0.2 s, and the queues stood near the hard bound for seconds after). The runtime knows more: over the last
-``sensitivity`` the task executed so many tuples per second, and so many per second it was busy (not waiting for
-input or on a full queue downstream); their ratio is how much faster its input could come before it is busy all
-the time (the "true processing rate" of DS2 and Flink's autoscaler). With this setting a release goes no further
-than the first step at or over what the upstream emitted over that span times that ratio (within one part over
-it), all of the task's input counted as that upstream's (which errs low). What it emitted, not its limit: an
-upstream held under its limit (a relay at its intake bound) sends less. A release still goes at least one part,
-so a task busy all the time still climbs, one part a light window, and every limit comes back to ``originv``.
-Time the event loop spends on other tasks while this one has work counts as busy, so the bound errs low. The
-driver feeds ``served`` before each check, with the emits of the upstreams in its own process (one in another
-process is not bounded).
-
-``intake_memory`` (with ``within_intake``): once its downstreams let a bolt go entirely, its intake bound stays at
-what its ``originv`` lets it take in for ``originv_memory`` (``Throttle.bounding_rate``), instead of going with its
-limit: they found one part under ``originv`` light, nothing faster, and a relay let go with its own queue idle
-would otherwise release its upstream on that idle queue, past what the task below it takes.
-
 Two more settings (off in the document)
 ---------------------------------------
 * ``release_window``: the low mark must hold this long (instead of ``sensitivity``)
@@ -380,8 +357,6 @@ class StepwiseParams:
     drain_margin: int = 0               # bracket_search: a step down goes at least this many parts under `light`
     within_intake: bool = False         # bracket_search: no upstream released past what this task's own limit takes in
     settle_after_release: bool = False  # queue_smoothing: after a release, light counts once the level shows it
-    within_service: bool = False        # bracket_search: no upstream released past what this task can execute
-    intake_memory: bool = False         # within_intake: the bound stays at originv's for originv_memory once let go
     hard_bound: int | None = None       # queue bytes at which emit waits (None: 2 x high_mark)
 
     def __post_init__(self) -> None:
@@ -447,8 +422,6 @@ class StepwiseParams:
                    drain_margin=int(config.get("backpressure.drain_margin_parts", 0)),
                    within_intake=bool(config.get("backpressure.release_within_intake", False)),
                    settle_after_release=bool(config.get("backpressure.settle_after_release", False)),
-                   within_service=bool(config.get("backpressure.release_within_service", False)),
-                   intake_memory=bool(config.get("backpressure.intake_memory", False)),
                    hard_bound=None if config.get("queue.hard_bound") is None else int(config["queue.hard_bound"]))
 
 
@@ -557,8 +530,6 @@ class Downstream:
         self.last_obs = now
         self.intake: float | None = None      # within_intake: upstream tuples/s our own emit limit lets us take in
         self.at_intake = False                # within_intake: the last light check withheld a release at intake
-        self.service: tuple[float, float] | None = None   # within_service: (tuples/s executed, per busy second)
-        self.sent: dict[int, float] = {}      # within_service: upstream -> tuples/s it emitted over the same span
 
     def _level(self, now: float, queue_bytes: float) -> float:
         """The queue level the marks are read on: raw bytes, or their EWMA (``queue_smoothing``)."""
@@ -733,31 +704,6 @@ class Downstream:
         the tuples it takes in per tuple it emits); None while its limiter is off or that is not known."""
         self.intake = intake
 
-    def served(self, tuples: int, span: float, busy: float, sent: Mapping[int, float] | None = None) -> None:
-        """``within_service``: this task executed ``tuples`` over the last ``span`` seconds, ``busy`` of them
-        not waiting (for input, or on a full queue downstream), and each upstream in ``sent`` emitted that many
-        tuples/s meanwhile. Under ``MIN_RECENT_TUPLES`` or with no busy time it says nothing (None); an
-        upstream that emitted under ``MIN_RECENT_TUPLES`` is not bounded."""
-        ok = tuples >= MIN_RECENT_TUPLES and span > 0 and busy > 0
-        self.service = (tuples / span, tuples / min(busy, span)) if ok else None
-        self.sent = {u: r for u, r in (sent or {}).items() if span > 0 and r * span >= MIN_RECENT_TUPLES}
-
-    def _service_k(self, u: int, originv: float | None) -> int | None:
-        """``within_service``: the fewest steps (of ``originv``) that hold upstream ``u`` to the rate at which
-        this task would be busy all the time: what ``u`` emitted just now scaled by executed per busy second over
-        executed per second (all of this task's input counted as ``u``'s, which errs low); None when not known.
-        What ``u`` emitted, not its limit: an upstream held under its limit (a relay at its intake bound) sends
-        less, and scaling its limit would let it go past the capacity."""
-        p = self.params
-        if (not (p.within_service and p.bracket_search) or self.service is None or not originv or originv <= 0
-                or u not in self.sent):
-            return None
-        rate, per_busy = self.service
-        most = self.sent[u] * per_busy / rate
-        if most >= originv:
-            return 0
-        return max(0, math.ceil(p.fine_steps * math.log(most / originv) / math.log(p.step) - 1e-9))
-
     def _intake_k(self, originv: float | None) -> int | None:
         """``within_intake``: the fewest steps (of ``originv``) that hold an upstream to at most ``intake``;
         None when no such bound is in force."""
@@ -920,11 +866,6 @@ class Downstream:
                 # over it); held there, ``at_intake`` says so, so a starved-upstream rule below us still
                 # lets us go although our queue may run idle.
                 target = max(target, cap - 1)
-            most = self._service_k(u, originv)
-            if most is not None:
-                # No further than the first step at or over the rate that would keep this task busy all the
-                # time (within one part over it): a light queue says nothing of faster rates.
-                target = max(target, most - 1)
             light = k
             self._keep(self.light_slope, u, slope)
         for side, val in ((self.over, over), (self.light, light)):
@@ -1026,15 +967,6 @@ class Throttle:
         if self.originv is None:
             return None
         return scaled_rate(self.originv, self.params.step, self.k, self.params.fine_steps)
-
-    def bounding_rate(self, now: float) -> float | None:
-        """``within_intake``: the emit rate that bounds what this task takes in: its limit in force, or with
-        ``intake_memory`` ``originv`` for ``originv_memory`` after its downstreams let it go entirely (a rate
-        they found light one part under; past it they were not shown light at all); None: no bound."""
-        rate = self.rate
-        if rate is not None or not self.params.intake_memory or self.originv is None or self.released_at is None:
-            return rate
-        return self.originv if now - self.released_at < self.params.originv_memory else None
 
     def stepping(self, now: float) -> bool:
         """Step 6's "being backpressured right now": stepped down less than ``sensitivity`` ago."""

@@ -201,9 +201,6 @@ class _TaskBase:
     def emitted_count(self) -> int:
         return self.stats.emitted
 
-    def wait_ns(self) -> int:
-        return self.stats.idle_ns + self.stats.backpressured_ns
-
     def dry_count(self) -> int:
         return self.dry_rounds
 
