@@ -889,11 +889,8 @@ def test_bracket_search_settles_on_the_two_fine_steps_around_the_capacity_and_re
     assert th.rate is None and th.nominal_rate == originv == th.originv and not th.backpressure
 
 
-def _overloaded_where_light(level: int, pinned: bool = False) -> list[int]:
-    """A bracket that found light at 6 parts, then four overloads at ``level`` there (the capacity fell):
-    the step counts they leave. Light from then on must bring the upstream back to ``originv`` exactly."""
-    w, d, th, params = _searching()
-    d.params = replace(params, pinned_whole_step=pinned)
+def test_bracket_search_an_overload_where_it_was_light_costs_one_part_then_doubling() -> None:
+    w, d, th, _ = _searching()
     w.check(d, 0.0, HIGH)                 # k 8
     w.check(d, 2.0, 0)
     w.check(d, 4.0, 0)                    # light at 8, nothing overloaded yet known... (over 0): k 4
@@ -907,36 +904,9 @@ def _overloaded_where_light(level: int, pinned: bool = False) -> list[int]:
     assert th.k == 6
     ks = []
     for i in range(4):                    # overloaded at 6, where it was light: the capacity fell
-        w.check(d, 14.0 + 2.0 * i, level)
+        w.check(d, 14.0 + 2.0 * i, HIGH)
         ks.append(th.k)
-    t = 20.0
-    while th.k:
-        t += 2.0
-        w.check(d, t, 0)
-    assert th.rate is None and th.nominal_rate == 20_000.0 == th.originv
-    return ks
-
-
-def test_bracket_search_an_overload_where_it_was_light_costs_one_part_then_doubling() -> None:
-    assert _overloaded_where_light(HIGH) == [7, 9, 13, 21]     # one part, then 2, 4, and a whole step (8) at most
-
-
-# pinned_level with the default hard bound (2 x the high mark): 1.5 x the high mark.
-@pytest.mark.parametrize("pinned, level, expect", [
-    (False, 2 * HIGH, [7, 9, 13, 21]),            # off: one part then doubling, wherever the queue stands
-    (True, 2 * HIGH, [14, 22, 30, 38]),           # at the hard bound: a whole step each check
-    (True, 3 * HIGH // 2, [14, 22, 30, 38]),      # at pinned_level itself
-    (True, 3 * HIGH // 2 - 1, [7, 9, 13, 21]),    # just under it: the creep as without the setting
-])
-def test_pinned_whole_step_an_overload_where_it_was_light_near_the_hard_bound_steps_whole(
-        pinned: bool, level: int, expect: list[int]) -> None:
-    assert _overloaded_where_light(level, pinned) == expect
-
-
-def test_pinned_whole_step_comes_from_the_config_and_is_off_by_default() -> None:
-    from topo.config import resolve
-    assert StepwiseParams.from_config(resolve({})).pinned_whole_step is False
-    assert StepwiseParams.from_config(resolve({"backpressure.pinned_whole_step": True})).pinned_whole_step is True
+    assert ks == [7, 9, 13, 21]           # one part, then 2, 4, and a whole step (8) at most
 
 
 @pytest.mark.parametrize("margin, expect", [(0, 6), (1, 9), (3, 11)])

@@ -302,17 +302,6 @@ the queues at the bound. An idle queue shows nothing of the rate either way and 
 window as before. Measured, that slow mode came in 1 of 16 runs of (c) under it against 4 of 16 without it,
 but it slowed the climb back in (e) (goodput 0.94); BENCHMARKS.md has the cells.
 
-A whole step when the queue stands near the hard bound (a setting; off in the document)
------------------------------------------------------------------------------------------
-``pinned_whole_step`` (with ``bracket_search``): an overload that contradicts the bracket (read at or past
-the rate found light) creeps one part of a step, then 2, 4, ... parts, one check apart. Where the queue
-stands past ``pinned_level`` (halfway from the high mark to the hard bound) the rate in force is far over
-the capacity, or the upstream already waits on the queue, and a part a check takes a second or more to get
-under it with every tuple in the queue waiting (the overload matrix's slow runs of (c): the slow task's
-queue at the bound while the relay's limit crept down from four times the capacity). There each such step
-is a whole one; under ``pinned_level`` the creep is unchanged, and releases are unchanged, so the rate still
-comes back to ``originv`` exactly.
-
 Two more settings (off in the document)
 ---------------------------------------
 * ``release_window``: the low mark must hold this long (instead of ``sensitivity``)
@@ -368,7 +357,6 @@ class StepwiseParams:
     drain_margin: int = 0               # bracket_search: a step down goes at least this many parts under `light`
     within_intake: bool = False         # bracket_search: no upstream released past what this task's own limit takes in
     settle_after_release: bool = False  # queue_smoothing: after a release, light counts once the level shows it
-    pinned_whole_step: bool = False     # bracket_search: an overload past pinned_level creeps a whole step, not a part
     hard_bound: int | None = None       # queue bytes at which emit waits (None: 2 x high_mark)
 
     def __post_init__(self) -> None:
@@ -434,7 +422,6 @@ class StepwiseParams:
                    drain_margin=int(config.get("backpressure.drain_margin_parts", 0)),
                    within_intake=bool(config.get("backpressure.release_within_intake", False)),
                    settle_after_release=bool(config.get("backpressure.settle_after_release", False)),
-                   pinned_whole_step=bool(config.get("backpressure.pinned_whole_step", False)),
                    hard_bound=None if config.get("queue.hard_bound") is None else int(config["queue.hard_bound"]))
 
 
@@ -841,8 +828,6 @@ class Downstream:
                 creep, light = 1, None
             elif creep is not None and light is None:
                 creep = min(whole, 2 * creep)
-            if creep is not None and p.pinned_whole_step and level >= p.pinned_level:
-                creep = whole     # the queue is far past the capacity's: a part a check would take seconds
             if creep is not None:
                 target = k + creep
                 self.creep[u] = creep
