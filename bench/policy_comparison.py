@@ -147,10 +147,6 @@ VARIANTS["stepwise+settle"] = {**VARIANTS["stepwise+intake"], "backpressure.sett
 # read under the relay is multiplied up the chain, the relay releasing the spout in its own light windows; e: a
 # spout's climb back keeps every light window).
 VARIANTS["stepwise+settlebolts"] = {**VARIANTS["stepwise+settle"], "backpressure.settle_bolts_only": True}
-# stepwise+settlebolts whose slow task reads a relay at its intake bound as using its limit only in a light window
-# begun after it got there (c: the relay released the spout up to its bound in 100 ms and the slow task, its
-# queue empty all the while, read light 13 ms later and released the relay to 3.4 times the capacity).
-VARIANTS["stepwise+held"] = {**VARIANTS["stepwise+settlebolts"], "backpressure.intake_held_window": True}
 # The variants a whole run measures (the others run when named with --policies; their last figures are
 # in BENCHMARKS.md): the combinations named for the goals (stepwise+slopes is stepwise+hops without
 # hold_starved_upstream, the same rules wherever no relay bolt feeds the slow task), and the newest setting.
@@ -159,7 +155,7 @@ MATRIX_VARIANTS = ("stepwise+hops", "stepwise+recent", "stepwise+dry", "stepwise
 # document's default and the named combination.
 REPEATED = ("none", "source_stop", "stepwise", "stepwise+search", "stepwise+slopes", "stepwise+hops",
             "stepwise+recent", "stepwise+dry", "stepwise+drain", "stepwise+intake", "stepwise+settle",
-            "stepwise+settlebolts", "stepwise+held")
+            "stepwise+settlebolts")
 # (g)'s fast bolt: tuples/s of service between its pauses. Low enough that the process has CPU to
 # spare (without a service rate the bolt was bound by the CPU both cores share, so `none` measured
 # no capacity: the load moved it, and policies that did less work per tuple scored over 1.0).

@@ -32,9 +32,7 @@ lets the relay go, the spout must still come back to ``originv``. (c) and (e) ru
 (``settle_after_release``: a queue at work reads its next light window only once a release shows in its smoothed
 level): the releases, slower, must still bring every limit back to ``originv`` exactly. (c) and (f), the scenarios
 with a relay bolt, run once more with ``stepwise+settlebolts`` (``settle_bolts_only``: only a release of the relay
-waits to show), and again with ``stepwise+held`` (``intake_held_window`` too: a relay at its intake bound uses
-its limit only in a light window begun after it got there): the chain must still unwind, every limit back to
-``originv`` exactly.
+waits to show): the chain must still unwind, every limit back to ``originv`` exactly.
 
 Nothing here asserts on wall time; the waits only bound a hang.
 """
@@ -120,10 +118,10 @@ def _g(box: Ctl, tracked: bool) -> Topology:
 
 BUILD = {"a": _a, "b": _b, "c": _c, "d": _d, "e": _e, "f": _f, "g": _g}
 # Settings beyond the document: the matrix's named variants (stepwise+flat, +search, +slopes, +hops, +dry,
-# +drain, +intake, +settle, +settlebolts, +held), read from the bench so the two cannot drift apart.
+# +drain, +intake, +settle, +settlebolts), read from the bench so the two cannot drift apart.
 SETTINGS = {"": {}, **{name: VARIANTS[f"stepwise+{name}"]
                        for name in ("flat", "search", "slopes", "hops", "dry", "drain", "intake", "settle",
-                                    "settlebolts", "held")}}
+                                    "settlebolts")}}
 CASES = [(k, False, "") for k in BUILD] + [("a", True, ""), ("b", True, ""), ("d", False, "flat"),
                                            ("e", False, "flat")] + [(k, False, "search") for k in "bcef"] + [
                                            (k, False, "slopes") for k in "bcef"] + [
@@ -132,8 +130,7 @@ CASES = [(k, False, "") for k in BUILD] + [("a", True, ""), ("b", True, ""), ("d
                                            (k, False, "drain") for k in "ce"] + [
                                            (k, False, "intake") for k in "cf"] + [
                                            (k, False, "settle") for k in "ce"] + [
-                                           (k, False, "settlebolts") for k in "cf"] + [
-                                           (k, False, "held") for k in "cf"]
+                                           (k, False, "settlebolts") for k in "cf"]
 
 
 def _config(acking: bool, settings: str = "") -> Any:

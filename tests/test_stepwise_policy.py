@@ -1754,49 +1754,6 @@ def test_hold_starved_a_relay_held_at_its_intake_bound_is_not_starved_so_the_cha
     assert relay.th.k == 0 and relay.th.rate is None and relay.th.nominal_rate == 8_000.0 == relay.th.originv
 
 
-# Withheld checks restart the window every 2.1 s (0.1, 2.2, 4.2, ...); the first tick past a whole window releases.
-@pytest.mark.parametrize("held, released_at", [(False, 6.2), (True, 8.3)])
-def test_intake_held_window_a_relay_at_its_bound_only_since_inside_the_window_is_starved_for_it(
-        held: bool, released_at: float) -> None:
-    w, d, relay = _held_once(replace(P, hold_starved=True, intake_held_window=held))
-    since: float | None = None
-    w.view = lambda u: replace(relay.view(u), at_intake=since is not None, intake_at=since)  # type: ignore[method-assign]
-    t, released = 0.0, None
-    while t < 12.0 and released is None:   # light all along, the relay idle and holding its spout
-        t = round(t + 0.1, 1)
-        if t == 5.0:
-            since = 5.0                    # at its intake bound from 5.0 s, inside the window begun at 4.2 s
-        tick(w, d, t, 0)
-        if relay.th.k == 0:
-            released = t
-    # Without the setting the window that was running when it got there releases (6.2 s); with it that
-    # window read the relay under its limit (starved, withheld), and the next whole one releases.
-    assert released == released_at
-    assert relay.th.rate is None and relay.th.nominal_rate == 8_000.0 == relay.th.originv
-
-
-def test_intake_held_window_peer_states_record_when_the_bound_began_and_forget_it_when_it_ends() -> None:
-    peers, _ = _peers()
-    state = TaskState(task=5, spout=False, queue_bytes=0, low_mark=LOW, holds={1: 2}, version=(7, 1),
-                      at_intake=True)
-    peers.update(5, state, 1.0, lambda t: 0.0)
-    peers.update(5, replace(state, version=(7, 2)), 2.0, lambda t: 0.0)
-    v = peers.view(5)
-    assert v is not None and v.intake_at == 1.0           # the first state of the spell
-    assert v.starved(LOW, since=0.5, intake_held=True) and not v.starved(LOW, since=1.0, intake_held=True)
-    assert not v.starved(LOW, since=0.5)                    # without the setting: never starved at the bound
-    peers.update(5, replace(state, at_intake=False, version=(7, 3)), 3.0, lambda t: 0.0)
-    peers.update(5, replace(state, version=(7, 4)), 4.0, lambda t: 0.0)
-    v = peers.view(5)
-    assert v is not None and v.intake_at == 4.0             # a new spell
-
-
-def test_intake_held_window_is_off_by_default_and_comes_from_the_config() -> None:
-    from topo.config import resolve
-    assert StepwiseParams.from_config(resolve({})).intake_held_window is False
-    assert StepwiseParams.from_config(resolve({"backpressure.intake_held_window": True})).intake_held_window is True
-
-
 def test_release_within_intake_peer_states_carry_the_bound_and_a_state_from_before_it_has_none() -> None:
     peers, _ = _peers()
     state = TaskState(task=5, spout=False, queue_bytes=0, low_mark=LOW, holds={1: 2}, version=(7, 1),

@@ -311,15 +311,6 @@ first release, before that showed, against a capacity of 1,500/s; the relay then
 steps in 250 ms, to 20,282/s, and both queues stood at the hard bound. Under a spout upstream (the
 capacity that comes back in (e)) the climb keeps every light window.
 
-``intake_held_window`` (with ``hold_starved`` and ``within_intake``): a bolt at its intake bound is not read
-as starved, its queue idle or not, since its limit is what holds the flow (``at_intake`` above). With this
-setting that holds only for a light window that began after it got there (after the first published state
-of its ``at_intake`` spell); a window that began before then read it while its upstream was still climbing
-to the bound, the bolt emitting what it received, under its limit. A trace of (c) under
-``settle_bolts_only`` showed it: the relay, released to 2,413/s, released the spout 2,637 -> 5,274 ->
-9,673/s in 100 ms and withheld at its bound 50 ms later; the slow task, its queue empty all the while,
-read light 13 ms after that and released the relay to 5,039/s, against a capacity of 1,500/s.
-
 Two more settings (off in the document)
 ---------------------------------------
 * ``release_window``: the low mark must hold this long (instead of ``sensitivity``)
@@ -376,7 +367,6 @@ class StepwiseParams:
     within_intake: bool = False         # bracket_search: no upstream released past what this task's own limit takes in
     settle_after_release: bool = False  # queue_smoothing: after a release, light counts once the level shows it
     settle_bolts_only: bool = False     # settle_after_release: only after a release of an upstream bolt
-    intake_held_window: bool = False    # hold_starved + within_intake: at_intake exempts only from a window begun after it
     hard_bound: int | None = None       # queue bytes at which emit waits (None: 2 x high_mark)
 
     def __post_init__(self) -> None:
@@ -443,7 +433,6 @@ class StepwiseParams:
                    within_intake=bool(config.get("backpressure.release_within_intake", False)),
                    settle_after_release=bool(config.get("backpressure.settle_after_release", False)),
                    settle_bolts_only=bool(config.get("backpressure.settle_bolts_only", False)),
-                   intake_held_window=bool(config.get("backpressure.intake_held_window", False)),
                    hard_bound=None if config.get("queue.hard_bound") is None else int(config["queue.hard_bound"]))
 
 
@@ -482,20 +471,14 @@ class UpstreamView:
     dry: bool = False                   # a spout: its source ran dry under its limit (last state)
     dry_at: float | None = None         # the last state that showed it dry, or the first after it, arrived then
     at_intake: bool = False             # within_intake: it withholds a release at its intake bound (last state)
-    intake_at: float | None = None      # the first state of its current at_intake spell arrived then
 
-    def starved(self, low_mark: int, since: float | None = None, intake_held: bool = False) -> bool:
+    def starved(self, low_mark: int, since: float | None = None) -> bool:
         """``hold_starved``: a bolt whose queue is idle (at most 1/32 of the low mark) while it holds its
         own upstreams back emits what it receives, not what its limit allows. With ``since`` (the start
         of a light window): idle at any time since then, as its published states showed it. A bolt that
         holds an upstream at its intake bound (``within_intake``) is not starved: it keeps that upstream at
-        what its own limit lets it execute, so its limit is in use even with its queue idle. With
-        ``intake_held`` (``intake_held_window``) only from when it got there: a window that began before
-        then read it while its upstream was still climbing to that bound, under its limit."""
-        if not self.holding or self.queue_bytes is None:
-            return False
-        if self.at_intake and not (intake_held and since is not None
-                                   and (self.intake_at is None or self.intake_at > since)):
+        what its own limit lets it execute, so its limit is in use even with its queue idle."""
+        if not self.holding or self.queue_bytes is None or self.at_intake:
             return False
         return self.queue_bytes <= low_mark / 32 or (
             since is not None and self.idle_at is not None and self.idle_at >= since)
@@ -675,8 +658,7 @@ class Downstream:
                     v = view(u)
                     if p.bracket_search and v is not None and not self._leads(v, h):
                         continue      # the sibling holding the most steps releases for the component
-                    if p.hold_starved and v is not None and v.starved(p.low_mark, self.low_since,
-                                                                      p.intake_held_window):
+                    if p.hold_starved and v is not None and v.starved(p.low_mark, self.low_since):
                         starved = True    # its limit is not in use: this light queue says nothing of it
                         continue
                     if (p.dry_release_window and v is not None and v.ran_dry(self.low_since)
@@ -1193,7 +1175,6 @@ class PeerStates:
         self.retired: dict[int, set[int]] = {}      # task -> runs a newer run replaced
         self.idle_at: dict[int, float] = {}         # bolt task -> when a state showing its queue idle came
         self.dry_at: dict[int, float] = {}          # spout task -> when a dry state, or the first after it, came
-        self.intake_at: dict[int, float] = {}       # bolt task -> when the first state of its at_intake spell came
 
     def alive(self, task: int) -> bool:
         """Whether ``task`` is one of ours or has a published state (signals from others are dropped)."""
@@ -1228,15 +1209,11 @@ class PeerStates:
             self.idle_at[task] = now
         if state.dry or (old is not None and old.dry):
             self.dry_at[task] = now     # dry, or dry until this state (the first since that is not)
-        if not state.at_intake:
-            self.intake_at.pop(task, None)
-        else:
-            self.intake_at.setdefault(task, now)
         self.views[task] = UpstreamView(
             state.k, state.at_floor, state.applied, state.granted,
             None if state.step_age is None else now - state.step_age, state.stepped_by, state.originv,
             None if state.spout else state.queue_bytes, any(h > 0 for h in state.holds.values()),
-            self.idle_at.get(task), state.dry, self.dry_at.get(task), state.at_intake, self.intake_at.get(task))
+            self.idle_at.get(task), state.dry, self.dry_at.get(task), state.at_intake)
         for tid, th in self.throttles.items():
             held = state.holds.get(tid, 0)
             if held or task in th.holds:
