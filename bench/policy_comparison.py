@@ -143,10 +143,6 @@ VARIANTS["stepwise+intake"] = {**VARIANTS["stepwise+dry"], "backpressure.release
 # (c: a light window read 60 ms after the slow task released the relay, before the release showed, let it
 # release again far past the capacity; the bracket then crept back a part at a time with the queues at the bound).
 VARIANTS["stepwise+settle"] = {**VARIANTS["stepwise+intake"], "backpressure.settle_after_release": True}
-# stepwise+settle whose wait after a release comes only after a release of an upstream bolt (c: a false light
-# read under the relay is multiplied up the chain, the relay releasing the spout in its own light windows; e: a
-# spout's climb back keeps every light window).
-VARIANTS["stepwise+settlebolts"] = {**VARIANTS["stepwise+settle"], "backpressure.settle_bolts_only": True}
 # The variants a whole run measures (the others run when named with --policies; their last figures are
 # in BENCHMARKS.md): the combinations named for the goals (stepwise+slopes is stepwise+hops without
 # hold_starved_upstream, the same rules wherever no relay bolt feeds the slow task), and the newest setting.
@@ -154,8 +150,7 @@ MATRIX_VARIANTS = ("stepwise+hops", "stepwise+recent", "stepwise+dry", "stepwise
 # Run --repeat times (the others once): the reference, the baseline the goals are read against, the
 # document's default and the named combination.
 REPEATED = ("none", "source_stop", "stepwise", "stepwise+search", "stepwise+slopes", "stepwise+hops",
-            "stepwise+recent", "stepwise+dry", "stepwise+drain", "stepwise+intake", "stepwise+settle",
-            "stepwise+settlebolts")
+            "stepwise+recent", "stepwise+dry", "stepwise+drain", "stepwise+intake", "stepwise+settle")
 # (g)'s fast bolt: tuples/s of service between its pauses. Low enough that the process has CPU to
 # spare (without a service rate the bolt was bound by the CPU both cores share, so `none` measured
 # no capacity: the load moved it, and policies that did less work per tuple scored over 1.0).

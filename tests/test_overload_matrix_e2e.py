@@ -30,9 +30,7 @@ with a relay bolt, run once more with ``stepwise+intake`` (``release_within_inta
 task releases the spout no further than one part over what its own limit lets it take in): once the slow task
 lets the relay go, the spout must still come back to ``originv``. (c) and (e) run once more with ``stepwise+settle``
 (``settle_after_release``: a queue at work reads its next light window only once a release shows in its smoothed
-level): the releases, slower, must still bring every limit back to ``originv`` exactly. (c) and (f), the scenarios
-with a relay bolt, run once more with ``stepwise+settlebolts`` (``settle_bolts_only``: only a release of the relay
-waits to show): the chain must still unwind, every limit back to ``originv`` exactly.
+level): the releases, slower, must still bring every limit back to ``originv`` exactly.
 
 Nothing here asserts on wall time; the waits only bound a hang.
 """
@@ -118,10 +116,9 @@ def _g(box: Ctl, tracked: bool) -> Topology:
 
 BUILD = {"a": _a, "b": _b, "c": _c, "d": _d, "e": _e, "f": _f, "g": _g}
 # Settings beyond the document: the matrix's named variants (stepwise+flat, +search, +slopes, +hops, +dry,
-# +drain, +intake, +settle, +settlebolts), read from the bench so the two cannot drift apart.
+# +drain, +intake, +settle), read from the bench so the two cannot drift apart.
 SETTINGS = {"": {}, **{name: VARIANTS[f"stepwise+{name}"]
-                       for name in ("flat", "search", "slopes", "hops", "dry", "drain", "intake", "settle",
-                                    "settlebolts")}}
+                       for name in ("flat", "search", "slopes", "hops", "dry", "drain", "intake", "settle")}}
 CASES = [(k, False, "") for k in BUILD] + [("a", True, ""), ("b", True, ""), ("d", False, "flat"),
                                            ("e", False, "flat")] + [(k, False, "search") for k in "bcef"] + [
                                            (k, False, "slopes") for k in "bcef"] + [
@@ -129,8 +126,7 @@ CASES = [(k, False, "") for k in BUILD] + [("a", True, ""), ("b", True, ""), ("d
                                            (k, False, "dry") for k in "de"] + [
                                            (k, False, "drain") for k in "ce"] + [
                                            (k, False, "intake") for k in "cf"] + [
-                                           (k, False, "settle") for k in "ce"] + [
-                                           (k, False, "settlebolts") for k in "cf"]
+                                           (k, False, "settle") for k in "ce"]
 
 
 def _config(acking: bool, settings: str = "") -> Any:

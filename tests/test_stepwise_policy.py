@@ -1801,13 +1801,9 @@ def test_release_within_intake_is_off_by_default_and_comes_from_the_config() -> 
 
 # -- settle_after_release (a setting; off in the document) ----------------------------------------------
 
-def _release_times(level: int, settle: bool, n: int = 6, bolts_only: bool = False,
-                   upstream_bolt: bool = False) -> tuple[list[float], Throttle]:
-    """Stepped three whole steps down, then the queue held at ``level``: when each of ``n`` releases came.
-    ``upstream_bolt``: the upstream publishes a queue (a bolt); else it is a spout."""
-    w, d, th, _ = _sloped(queue_smoothing=0.05, settle_after_release=settle, settle_bolts_only=bolts_only)
-    if upstream_bolt:
-        w.view = lambda u: replace(view_of(w.throttle(u)), queue_bytes=LOW // 4)   # type: ignore[method-assign]
+def _release_times(level: int, settle: bool, n: int = 6) -> tuple[list[float], Throttle]:
+    """Stepped three whole steps down, then the queue held at ``level``: when each of ``n`` releases came."""
+    w, d, th, _ = _sloped(queue_smoothing=0.05, settle_after_release=settle)
     for t in (0.0, 0.2, 0.4):
         w.check(d, t, HIGH)
     times: list[float] = []
@@ -1865,25 +1861,6 @@ def test_settle_after_release_a_rise_in_the_settle_time_starts_the_window_no_soo
 def test_settle_after_release_the_rate_still_comes_back_to_originv_exactly() -> None:
     times, th = _release_times(LOW // 4, True, n=100)
     assert th.k == 0 and th.rate is None and th.nominal_rate == 20_000.0 == th.originv
-
-
-@pytest.mark.parametrize("upstream_bolt, settles", [(True, True), (False, False)])
-def test_settle_bolts_only_a_queue_at_work_waits_for_a_release_of_a_bolt_not_of_a_spout(
-        upstream_bolt: bool, settles: bool) -> None:
-    # As above, with settle_bolts_only: the wait (150 + 50 ms between releases) comes after a release of an
-    # upstream bolt only; a spout's releases come every 50 ms light window, as without settle_after_release.
-    times, th = _release_times(LOW // 4, True, bolts_only=True, upstream_bolt=upstream_bolt)
-    gaps = _gaps(times)
-    assert len(gaps) == 5
-    assert all(0.2 <= g <= 0.21 for g in gaps) if settles else all(g <= 0.06 for g in gaps)
-    _, th = _release_times(LOW // 4, True, n=100, bolts_only=True, upstream_bolt=upstream_bolt)
-    assert th.k == 0 and th.rate is None and th.nominal_rate == 20_000.0 == th.originv
-
-
-def test_settle_bolts_only_is_off_by_default_and_comes_from_the_config() -> None:
-    from topo.config import resolve
-    assert StepwiseParams.from_config(resolve({})).settle_bolts_only is False
-    assert StepwiseParams.from_config(resolve({"backpressure.settle_bolts_only": True})).settle_bolts_only is True
 
 
 def test_settle_after_release_is_off_by_default_and_comes_from_the_config() -> None:

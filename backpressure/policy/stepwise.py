@@ -302,15 +302,6 @@ the queues at the bound. An idle queue shows nothing of the rate either way and 
 window as before. Measured, that slow mode came in 1 of 16 runs of (c) under it against 4 of 16 without it,
 but it slowed the climb back in (e) (goodput 0.94); BENCHMARKS.md has the cells.
 
-``settle_bolts_only`` (with ``settle_after_release``): only a release of an upstream bolt (known by the queue
-its state publishes) waits for the release to show. A spout's release is one release. A bolt's is more: the
-bolt, its own queue light, releases its upstreams in turn, one light window each, as far as its own limit lets
-it take in (``within_intake``), so a false light read under it is multiplied up the chain. A trace of (c)
-showed it (outside the bench): the slow task released the relay from 1,796/s to 4,864/s 54 ms after its
-first release, before that showed, against a capacity of 1,500/s; the relay then released the spout six whole
-steps in 250 ms, to 20,282/s, and both queues stood at the hard bound. Under a spout upstream (the
-capacity that comes back in (e)) the climb keeps every light window.
-
 Two more settings (off in the document)
 ---------------------------------------
 * ``release_window``: the low mark must hold this long (instead of ``sensitivity``)
@@ -366,7 +357,6 @@ class StepwiseParams:
     drain_margin: int = 0               # bracket_search: a step down goes at least this many parts under `light`
     within_intake: bool = False         # bracket_search: no upstream released past what this task's own limit takes in
     settle_after_release: bool = False  # queue_smoothing: after a release, light counts once the level shows it
-    settle_bolts_only: bool = False     # settle_after_release: only after a release of an upstream bolt
     hard_bound: int | None = None       # queue bytes at which emit waits (None: 2 x high_mark)
 
     def __post_init__(self) -> None:
@@ -432,7 +422,6 @@ class StepwiseParams:
                    drain_margin=int(config.get("backpressure.drain_margin_parts", 0)),
                    within_intake=bool(config.get("backpressure.release_within_intake", False)),
                    settle_after_release=bool(config.get("backpressure.settle_after_release", False)),
-                   settle_bolts_only=bool(config.get("backpressure.settle_bolts_only", False)),
                    hard_bound=None if config.get("queue.hard_bound") is None else int(config["queue.hard_bound"]))
 
 
@@ -651,7 +640,7 @@ class Downstream:
         elif self.low_since is not None and now - self.low_since >= self._window():
             self.level = LIGHT
             self.blocked, self.retry_at = set(), None
-            released = released_bolt = False
+            released = False
             starved = at_intake = False
             for u, h in list(self.holds.items()):
                 if h > 0 and u not in self.pending:
@@ -671,14 +660,13 @@ class Downstream:
                     out.append(self._move(u, RELEASE, now, None if v is None else v.k, queue_bytes,
                                           None if v is None else v.originv))
                     released = True
-                    released_bolt = released_bolt or (v is not None and v.queue_bytes is not None)
             for u in self.upstreams:          # light and holding nothing: the episode is over for u
                 if u not in self.holds and u not in self.pending and self._searched(u):
                     self.ended_at.setdefault(u, now)
             if released or starved:
                 busy = self.low_max > p.low_mark / 32
                 self.low_since = now      # each further step up needs a fresh light window
-                if released and busy and p.settle_after_release and (released_bolt or not p.settle_bolts_only):
+                if released and busy and p.settle_after_release:
                     # ... read once the release shows in the smoothed level: before that, a queue
                     # at work reads light at the rate it had (an idle queue shows nothing either way).
                     self.low_since = now + SETTLE * p.queue_smoothing
