@@ -62,6 +62,11 @@ class TaskHandle(Protocol):
         driver reads whether the limit was in use (stepwise's ``dry_release_window``)."""
         ...
 
+    def wait_count(self) -> int:
+        """Emits that found this task's limit binding (its limiter made it wait, however briefly): a driver
+        reads since when the limit has been in use (stepwise's ``release_after_limit_in_use``)."""
+        ...
+
     def set_rate(self, tuples_per_second: float | None) -> None:
         """Limit this task's emits to this rate; None turns the limiter off (as before any signal)."""
         ...

@@ -103,6 +103,7 @@ class TaskState:
     service_rate: float = 0.0                               # watermark: tuples/s executed while busy
     dry: bool = False                                       # a spout whose source ran dry under its limit
     at_intake: bool = False                                 # a bolt holding an upstream at its intake bound
+    in_use_age: float | None = None                         # seconds its limit has bound its emits (None: not)
 
     def encode(self) -> bytes:
         return msgpack.packb({
@@ -114,7 +115,7 @@ class TaskState:
             "applied": {t: list(a) for t, a in self.applied.items()}, "granted": self.granted,
             "step_age": self.step_age, "stepped_by": self.stepped_by,
             "version": list(self.version), "ts": self.ts, "service_rate": self.service_rate,
-            "dry": self.dry, "at_intake": self.at_intake,
+            "dry": self.dry, "at_intake": self.at_intake, "in_use_age": self.in_use_age,
         })
 
     @classmethod
@@ -136,6 +137,7 @@ class TaskState:
             service_rate=float(_field(m, "service_rate", (int, float))) if "service_rate" in m else 0.0,
             dry=_field(m, "dry", bool) if "dry" in m else False,
             at_intake=_field(m, "at_intake", bool) if "at_intake" in m else False,
+            in_use_age=_opt_float(m, "in_use_age"),
         )
 
     def row(self) -> dict[str, Any]:

@@ -143,6 +143,10 @@ VARIANTS["stepwise+intake"] = {**VARIANTS["stepwise+dry"], "backpressure.release
 # (c: a light window read 60 ms after the slow task released the relay, before the release showed, let it
 # release again far past the capacity; the bracket then crept back a part at a time with the queues at the bound).
 VARIANTS["stepwise+settle"] = {**VARIANTS["stepwise+intake"], "backpressure.settle_after_release": True}
+# stepwise+intake whose light tasks release an upstream bolt (its own input held) only on a light window begun once
+# that bolt's limit had bound its emits for a settle time (c: three traced slow runs each began with the slow task
+# releasing the relay past its capacity on a light window read before the relay's limit in force showed in it).
+VARIANTS["stepwise+inuse"] = {**VARIANTS["stepwise+intake"], "backpressure.release_after_limit_in_use": True}
 # The variants a whole run measures (the others run when named with --policies; their last figures are
 # in BENCHMARKS.md): the combinations named for the goals (stepwise+slopes is stepwise+hops without
 # hold_starved_upstream, the same rules wherever no relay bolt feeds the slow task), and the newest setting.
@@ -150,7 +154,8 @@ MATRIX_VARIANTS = ("stepwise+hops", "stepwise+recent", "stepwise+dry", "stepwise
 # Run --repeat times (the others once): the reference, the baseline the goals are read against, the
 # document's default and the named combination.
 REPEATED = ("none", "source_stop", "stepwise", "stepwise+search", "stepwise+slopes", "stepwise+hops",
-            "stepwise+recent", "stepwise+dry", "stepwise+drain", "stepwise+intake", "stepwise+settle")
+            "stepwise+recent", "stepwise+dry", "stepwise+drain", "stepwise+intake", "stepwise+settle",
+            "stepwise+inuse")
 # (g)'s fast bolt: tuples/s of service between its pauses. Low enough that the process has CPU to
 # spare (without a service rate the bolt was bound by the CPU both cores share, so `none` measured
 # no capacity: the load moved it, and policies that did less work per tuple scored over 1.0).

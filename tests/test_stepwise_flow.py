@@ -37,6 +37,7 @@ class FakeTask:
         self.emitted = 0                    # the test counts what it "emits"
         self.executed = 0                   # ... and what it "executes"
         self.dry = 0                        # the test counts rounds its "source" ran dry
+        self.waits = 0                      # ... and emits its limit made wait
         self.limit: float | None = None
         self.history: list[float | None] = []
         self.stats = TaskStats("t", component, task_id, self.is_spout)
@@ -55,6 +56,9 @@ class FakeTask:
 
     def dry_count(self) -> int:
         return self.dry
+
+    def wait_count(self) -> int:
+        return self.waits
 
     def set_rate(self, tuples_per_second: float | None) -> None:
         self.limit = tuples_per_second
@@ -426,3 +430,39 @@ async def test_dry_release_window_a_throttled_spout_publishes_when_its_source_ru
             assert not fc.states[1].dry
     finally:
         await fc.stop()
+
+
+async def test_release_in_use_the_sink_releases_a_relay_only_once_the_relay_s_limit_binds(backend: Backend) -> None:
+    """``release_after_limit_in_use``: the relay (holding its spout) emits under its limit, so the light sink
+    withholds its release; once the relay's limiter makes it wait, its state says since when, and the sink
+    releases it after a settle time and a light window."""
+    spout, relay, sink = FakeTask(1, "spout", rate=20_000.0), FakeTask(2, "relay", [1], rate=5_000.0), \
+        FakeTask(3, "sink", [2])
+    params = StepwiseParams(step=0.5, high_mark=HIGH, low_mark=LOW, sensitivity=0.2, rate_floor=1.0,
+                            hold_starved=True, release_in_use=True, queue_smoothing=0.02)
+    async with running(backend, [spout, relay, sink], params) as fc:
+        relay.q = HIGH
+        await until(lambda: spout.limit == 10_000.0, what="the relay stepped the spout")
+        relay.q = 3 * LOW                       # between its marks: it keeps holding its spout
+        sink.q = HIGH
+        await until(lambda: relay.limit is not None, what="the sink stepped the relay")
+        sink.q = 0                              # the sink is light from now on
+        held = relay.limit
+        await asyncio.sleep(0.6)                # three light windows, under the patience (0.8 s)
+        assert relay.limit == held and fc.states[2].in_use_age is None and fc.throttles[1].k == 1
+        assert fc.downstreams[3].unproven
+        binding = True
+
+        async def waits() -> None:              # the relay's limiter makes it wait from now on
+            while binding:
+                relay.waits += 1
+                await asyncio.sleep(0.005)
+
+        feeder = asyncio.create_task(waits())
+        try:
+            await until(lambda: fc.states[2].in_use_age is not None, 5, what="the relay published its spell")
+            await until(lambda: relay.limit is None, 5, what="the sink released the relay")
+            assert fc.throttles[2].k == 0 and fc.throttles[2].nominal_rate == fc.throttles[2].originv
+        finally:
+            binding = False
+            await feeder

@@ -1869,3 +1869,161 @@ def test_settle_after_release_is_off_by_default_and_comes_from_the_config() -> N
     assert StepwiseParams.from_config(resolve({"backpressure.settle_after_release": True})).settle_after_release
     with pytest.raises(ConfigError, match="backpressure.settle_after_release"):
         resolve({"backpressure.settle_after_release": "sometimes"})
+
+
+# -- release_after_limit_in_use (a setting; off in the document) -------------------------------------------
+
+# Light windows and sensitivity of 0.5 s, a settle time of 0.3 s (3 x queue_smoothing), a patience of 2 s
+# (4 x sensitivity). The smoothed level falls under the low mark at 0.47 s: the first light window ends at 0.97 s.
+INUSE = replace(P, hold_starved=True, release_in_use=True, queue_smoothing=0.1, sensitivity=0.5)
+
+
+def near(t: float) -> Any:
+    """A check runs at a 10 ms tick: a window's end is read within a tick of it."""
+    return pytest.approx(t, abs=0.011)
+
+
+class InUseRelay(Relay):
+    """An upstream bolt that also publishes since when its limit has bound its emits (None: it does not)."""
+
+    def __init__(self, w: World, u: int) -> None:
+        super().__init__(w, u)
+        self.queue = LOW                    # not idle: hold_starved has nothing to say
+        self.in_use_at: float | None = None
+        self.at_intake = False
+
+    def view(self, u: int) -> UpstreamView:
+        return replace(super().view(u), in_use_at=self.in_use_at, at_intake=self.at_intake)
+
+
+def _light_until(w: World, d: Downstream, t: float, until: float, q: int = 0) -> float:
+    while t < until - 1e-9:
+        t = round(t + 0.01, 2)
+        tick(w, d, t, q)
+    return t
+
+
+def test_release_in_use_a_light_window_counts_only_if_it_began_a_settle_time_after_the_limit_bound() -> None:
+    w, d, relay = _held_once(INUSE, InUseRelay)
+    relay.in_use_at = 0.0                     # in use from the step on: the window began 0.47 s later
+    assert _until_released(w, d, relay.th, 0.0, 0) == near(0.97)
+    w, d, relay = _held_once(INUSE, InUseRelay)
+    relay.in_use_at = 0.2                     # in use for only 0.27 s when the window began: withheld
+    t = _light_until(w, d, 0.0, 1.2)
+    assert relay.th.k == 1 and d.unproven == {1: near(0.97)}
+    t = _until_released(w, d, relay.th, t, 0)
+    assert t == near(1.47) and relay.th.k == 0 and d.unproven == {}   # the window begun at 0.97 s counted
+
+
+def test_release_in_use_no_release_while_the_relay_s_limit_does_not_bind_until_the_patience_runs_out() -> None:
+    w, d, relay = _held_once(INUSE, InUseRelay)
+    t = _light_until(w, d, 0.0, 2.9)                  # light from 0.47 s, the relay emitting under its limit
+    assert relay.th.k == 1 and not [s for s in w.sent if s.kind == RELEASE]
+    assert d.unproven == {1: near(0.97)}      # waiting for evidence since the first window ended
+    t = _until_released(w, d, relay.th, t, 0)
+    assert t >= d.unproven.get(1, 0.97) + d.params.in_use_patience - 0.011
+    assert t == near(2.97) and relay.th.k == 0
+
+
+def test_release_in_use_a_spell_of_its_limit_in_use_that_ended_is_no_evidence() -> None:
+    w, d, relay = _held_once(INUSE, InUseRelay)
+    relay.in_use_at = 0.0
+    t = _light_until(w, d, 0.0, 0.9)
+    relay.in_use_at = None                    # its emits fell under its limit before the window ended
+    t = _light_until(w, d, t, 1.5)
+    assert relay.th.k == 1
+    relay.in_use_at = 1.5                     # bound again: only a window begun 0.3 s later counts
+    t = _light_until(w, d, t, 2.2)
+    assert relay.th.k == 1                    # the window that ended near 1.97 s began before 1.8 s
+    t = _until_released(w, d, relay.th, t, 0)
+    assert relay.th.k == 0 and t == near(2.47)
+
+
+def test_release_in_use_an_overload_starts_the_patience_again() -> None:
+    w, d, relay = _held_once(INUSE, InUseRelay)
+    t = _light_until(w, d, 0.0, 1.5)
+    assert d.unproven == {1: near(0.97)}
+    while relay.th.k == 1 and t < 5.0:        # an overload: stepped again, the wait forgotten
+        t = round(t + 0.01, 2)
+        tick(w, d, t, 2 * HIGH)
+    assert relay.th.k == 2 and d.unproven == {}
+
+
+def test_release_in_use_a_relay_whose_input_is_free_or_a_spout_is_released_as_before() -> None:
+    w, d, relay = _held_once(INUSE, InUseRelay)
+    relay.holding = False                     # it holds nothing above it: what it receives is not held back
+    assert _until_released(w, d, relay.th, 0.0, 0) == near(0.97)
+    w, d, spout = _held_once(INUSE, InUseRelay)
+    spout.queue = None                        # a spout
+    assert _until_released(w, d, spout.th, 0.0, 0) == near(0.97)
+
+
+def test_release_in_use_a_relay_at_its_intake_bound_is_judged_too() -> None:
+    w, d, relay = _held_once(INUSE, InUseRelay)
+    relay.holding, relay.at_intake, relay.queue = False, True, 0
+    t = _light_until(w, d, 0.0, 1.5)
+    assert relay.th.k == 1 and d.unproven == {1: near(0.97)}
+    relay.in_use_at = 1.5
+    t = _until_released(w, d, relay.th, t, 0)
+    assert relay.th.k == 0 and t == near(2.47)
+
+
+def test_release_in_use_off_releases_at_the_first_light_window() -> None:
+    w, d, relay = _held_once(replace(INUSE, release_in_use=False), InUseRelay)
+    assert _until_released(w, d, relay.th, 0.0, 0) == near(0.97)
+
+
+def test_release_in_use_the_chain_still_comes_back_to_originv_exactly() -> None:
+    w, d, relay = _held_once(INUSE, InUseRelay)
+    t = 0.0
+    while relay.th.k < 4 and t < 10.0:
+        t = round(t + 0.01, 2)
+        tick(w, d, t, 2 * HIGH)
+    assert relay.th.k == 4
+    relay.in_use_at = t
+    while relay.th.k and t < 60.0:
+        t = _until_released(w, d, relay.th, t, 0, limit=60.0)
+    assert relay.th.k == 0 and relay.th.rate is None and relay.th.nominal_rate == 8_000.0 == relay.th.originv
+
+
+def test_limit_in_use_a_spell_starts_at_the_first_wait_and_ends_after_two_samples_without_one() -> None:
+    from backpressure.policy.stepwise import LimitInUse
+    spell = LimitInUse()
+    assert not spell.sample(0.0, 0, None) and spell.since is None
+    assert not spell.sample(0.1, 5, None) and spell.since is None        # no limit: never in use
+    assert not spell.sample(0.2, 5, 1_000.0) and spell.since is None     # a new limit: from its first wait
+    assert not spell.sample(0.3, 5, 1_000.0)
+    assert spell.sample(0.4, 9, 1_000.0) and spell.since == 0.4
+    assert not spell.sample(0.5, 9, 1_000.0) and spell.since == 0.4      # one sample without a wait
+    assert not spell.sample(0.6, 12, 1_000.0) and spell.since == 0.4
+    assert not spell.sample(0.7, 12, 1_000.0)
+    assert spell.sample(0.8, 12, 1_000.0) and spell.since is None        # two in a row: it ended
+    assert spell.sample(0.9, 13, 1_000.0) and spell.since == 0.9
+    assert spell.sample(1.0, 20, 2_000.0) and spell.since is None        # the limit changed: not yet in use
+    assert spell.sample(1.1, 21, 2_000.0) and spell.since == 1.1
+
+
+def test_release_in_use_peer_states_carry_the_spell_on_the_reader_s_clock_and_a_state_from_before_has_none() -> None:
+    peers, _ = _peers()
+    state = TaskState(task=5, spout=False, queue_bytes=LOW, low_mark=LOW, holds={1: 2}, version=(7, 1),
+                      in_use_age=0.25)
+    assert TaskState.decode(state.encode()).in_use_age == 0.25
+    peers.update(5, TaskState.decode(state.encode()), 10.0, lambda t: 0.0)
+    v = peers.view(5)
+    assert v is not None and v.in_use_at == 9.75
+    assert not v.limit_unproven(10.05, 0.3) and v.limit_unproven(10.04, 0.3)
+    import msgpack
+    old = msgpack.unpackb(state.encode(), strict_map_key=False)
+    del old["in_use_age"]
+    assert TaskState.decode(msgpack.packb(old)).in_use_age is None
+    peers.update(5, replace(state, in_use_age=None, version=(7, 2)), 11.0, lambda t: 0.0)
+    v = peers.view(5)
+    assert v is not None and v.in_use_at is None and v.limit_unproven(20.0, 0.3)
+
+
+def test_release_in_use_is_off_by_default_and_comes_from_the_config() -> None:
+    from topo.config import ConfigError, resolve
+    assert StepwiseParams.from_config(resolve({})).release_in_use is False
+    assert StepwiseParams.from_config(resolve({"backpressure.release_after_limit_in_use": True})).release_in_use
+    with pytest.raises(ConfigError, match="backpressure.release_after_limit_in_use"):
+        resolve({"backpressure.release_after_limit_in_use": "sometimes"})

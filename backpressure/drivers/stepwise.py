@@ -37,8 +37,8 @@ from typing import Callable, Sequence
 
 from backpressure.coordinator.base import Coordinator
 from backpressure.drivers.count_window import CountWindow
-from backpressure.policy.stepwise import (Downstream, PeerStates, RateChange, Recent, StateOutcome,
-                                          StepwiseParams, Throttle)
+from backpressure.policy.stepwise import (Downstream, LimitInUse, PeerStates, RateChange, Recent,
+                                          StateOutcome, StepwiseParams, Throttle)
 from backpressure.seams import FlowDisplay, RateListener, TaskHandle
 from backpressure.signals import Signal, TaskState
 
@@ -80,6 +80,7 @@ class StepwiseFlowControl:
         self._dry_seen: dict[int, int] = {}            # dry_release_window: spout task -> dry count last tick
         self._dry: dict[int, bool] = {}                # dry_release_window: it ran dry under its limit
         self._dry_published: dict[int, tuple[float, bool]] = {}   # (when, what) it last published of that
+        self._in_use: dict[int, LimitInUse] = {}        # release_in_use: bolt task -> since when its limit binds
 
     @property
     def states(self) -> dict[int, TaskState]:
@@ -142,6 +143,20 @@ class StepwiseFlowControl:
             if dry != said and now - when >= self.params.light_window / 4:
                 self._dry_published[task_id] = (now, dry)
                 self._publish(task_id)
+
+    def _watch_in_use(self, now: float) -> None:
+        """``release_in_use``: since when each bolt's limit has bound its emits, from its limiter's waits;
+        a change is published at once, so a downstream's light window knows whether the limit was in use."""
+        if not self.params.release_in_use:
+            return
+        for task_id, h in self.handles.items():
+            if h.is_spout:
+                continue
+            spell = self._in_use.get(task_id)
+            if spell is None:
+                spell = self._in_use[task_id] = LimitInUse()
+            if spell.sample(now, h.wait_count(), self.throttles[task_id].rate):
+                self._mark(task_id)
 
     async def stop(self) -> None:
         if not self._running:
@@ -260,6 +275,7 @@ class StepwiseFlowControl:
             now = self.clock()
             self._sample_recent(now)
             self._watch_dry(now)
+            self._watch_in_use(now)
             for task_id, th in self.throttles.items():
                 change = (th.refresh(self._rate_of(task_id), now, self._recent_of(task_id))
                           if th.holds and not th.in_episode else th.tick(now))
@@ -294,6 +310,8 @@ class StepwiseFlowControl:
         th = self.throttles[task_id]
         d = self.downstreams.get(task_id)
         now = self.clock()
+        spell = self._in_use.get(task_id)
+        in_use = None if spell is None or spell.since is None else max(0.0, now - spell.since)
         return TaskState(
             task=task_id, component=h.component, spout=h.is_spout, rate=th.rate, originv=th.originv,
             k=th.k, backpressure=th.backpressure, at_floor=th.at_floor, queue_bytes=h.queue_bytes(),
@@ -301,7 +319,8 @@ class StepwiseFlowControl:
             observed_rate=float(h.observed_rate()), holds=dict(d.wants) if d else {},
             seq=d.seq if d else 0, applied=dict(th.applied), granted=dict(th.holds),
             step_age=th.step_age(now), stepped_by=th.stepped_by, version=(self.run, self._version),
-            ts=time.time(), dry=self._dry.get(task_id, False), at_intake=d.at_intake if d else False)
+            ts=time.time(), dry=self._dry.get(task_id, False), at_intake=d.at_intake if d else False,
+            in_use_age=in_use)
 
     def _publish(self, task_id: int) -> None:
         self._version += 1

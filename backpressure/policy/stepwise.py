@@ -357,6 +357,7 @@ class StepwiseParams:
     drain_margin: int = 0               # bracket_search: a step down goes at least this many parts under `light`
     within_intake: bool = False         # bracket_search: no upstream released past what this task's own limit takes in
     settle_after_release: bool = False  # queue_smoothing: after a release, light counts once the level shows it
+    release_in_use: bool = False        # an upstream bolt is released on light read once its limit was in use
     hard_bound: int | None = None       # queue bytes at which emit waits (None: 2 x high_mark)
 
     def __post_init__(self) -> None:
@@ -397,6 +398,18 @@ class StepwiseParams:
         return self.sensitivity
 
     @property
+    def in_use_settle(self) -> float:
+        """``release_in_use``: how long an upstream bolt's limit must have bound its emits before a light
+        window that counts for it begins (the time a change of its rate takes to show in our level)."""
+        return SETTLE * self.queue_smoothing
+
+    @property
+    def in_use_patience(self) -> float:
+        """``release_in_use``: the longest a light task withholds a release for want of that evidence
+        (a relay whose own input runs under its limit for good, e.g. a source that ran dry, is let go)."""
+        return 4.0 * self.sensitivity
+
+    @property
     def resend_after(self) -> float:
         return self.resend_factor * self.sensitivity
 
@@ -422,6 +435,7 @@ class StepwiseParams:
                    drain_margin=int(config.get("backpressure.drain_margin_parts", 0)),
                    within_intake=bool(config.get("backpressure.release_within_intake", False)),
                    settle_after_release=bool(config.get("backpressure.settle_after_release", False)),
+                   release_in_use=bool(config.get("backpressure.release_after_limit_in_use", False)),
                    hard_bound=None if config.get("queue.hard_bound") is None else int(config["queue.hard_bound"]))
 
 
@@ -460,6 +474,7 @@ class UpstreamView:
     dry: bool = False                   # a spout: its source ran dry under its limit (last state)
     dry_at: float | None = None         # the last state that showed it dry, or the first after it, arrived then
     at_intake: bool = False             # within_intake: it withholds a release at its intake bound (last state)
+    in_use_at: float | None = None      # release_in_use: since when its limit binds its emits (None: it does not)
 
     def starved(self, low_mark: int, since: float | None = None) -> bool:
         """``hold_starved``: a bolt whose queue is idle (at most 1/32 of the low mark) while it holds its
@@ -471,6 +486,15 @@ class UpstreamView:
             return False
         return self.queue_bytes <= low_mark / 32 or (
             since is not None and self.idle_at is not None and self.idle_at >= since)
+
+    def limit_unproven(self, window_start: float, settle: float) -> bool:
+        """``release_in_use``: a bolt whose own input is held (it holds its upstreams, or keeps one at its
+        intake bound) and whose limit had not bound its emits for ``settle`` when the light window began:
+        that window says nothing of its limit, which it did not use. A bolt whose input is free is not
+        judged (what it receives is not held back, so the chain above it has nothing to unwind)."""
+        if self.queue_bytes is None or not (self.holding or self.at_intake):
+            return False
+        return self.in_use_at is None or self.in_use_at + settle > window_start
 
     def ran_dry(self, since: float) -> bool:
         """``dry_release_window``: a spout whose source ran dry under its limit at any time since ``since``
@@ -530,6 +554,7 @@ class Downstream:
         self.last_obs = now
         self.intake: float | None = None      # within_intake: upstream tuples/s our own emit limit lets us take in
         self.at_intake = False                # within_intake: the last light check withheld a release at intake
+        self.unproven: dict[int, float] = {}  # release_in_use: upstream -> since when its release waits for evidence
 
     def _level(self, now: float, queue_bytes: float) -> float:
         """The queue level the marks are read on: raw bytes, or their EWMA (``queue_smoothing``)."""
@@ -618,6 +643,7 @@ class Downstream:
         if over:
             self.level = OVERLOADED
             self.at_intake = False
+            self.unproven.clear()
             candidates = [u for u in self.upstreams if u in self.blocked] if retry else self.upstreams
             self.blocked, self.retry_at = set(), None
             for u in candidates:
@@ -657,6 +683,11 @@ class Downstream:
                     if cap is not None and v is not None and v.k < cap:
                         starved = at_intake = True   # it already emits what our own limit lets us take in
                         continue
+                    if p.release_in_use and v is not None and v.limit_unproven(self.low_since, p.in_use_settle):
+                        if now - self.unproven.setdefault(u, now) < p.in_use_patience:
+                            starved = True    # its limit was not shown in use: this window says nothing of it
+                            continue
+                    self.unproven.pop(u, None)
                     out.append(self._move(u, RELEASE, now, None if v is None else v.k, queue_bytes,
                                           None if v is None else v.originv))
                     released = True
@@ -676,6 +707,8 @@ class Downstream:
         else:
             self.level = NORMAL
             self.at_intake = False
+            if self.low_since is None:
+                self.unproven.clear()     # over the low mark: the wait for evidence starts again
             self.blocked, self.retry_at = set(), None
         if p.bracket_light_window > 0:
             inside = any(u in self.over for u in self.upstreams if self.holds.get(u) or u in self.pending)
@@ -1126,6 +1159,37 @@ def max_steps(originv: float, step: float, floor: float, fine_steps: int = 1) ->
     return k
 
 
+class LimitInUse:
+    """``release_in_use``: since when a task's emit limit has bound its emits, read from how often its
+    limiter made it wait (sampled on the driver's timer). A spell starts at the first sample that saw a
+    wait; it ends after two samples in a row without one, or when the limit changes (a new limit is in use
+    only once it binds in turn)."""
+
+    QUIET_SAMPLES = 2
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+        self._rate: float | None = None
+        self._waits: int | None = None
+        self._quiet = 0
+
+    def sample(self, now: float, waits: int, rate: float | None) -> bool:
+        """One sample of the limiter's wait count under limit ``rate``; True when ``since`` changed."""
+        before = self.since
+        if rate != self._rate:
+            self._rate, self.since, self._quiet = rate, None, 0
+        elif rate is not None and self._waits is not None and waits > self._waits:
+            self._quiet = 0
+            if self.since is None:
+                self.since = now
+        elif self.since is not None:
+            self._quiet += 1
+            if self._quiet >= self.QUIET_SAMPLES:
+                self.since = None
+        self._waits = waits
+        return self.since != before
+
+
 @dataclass
 class StateOutcome:
     """What a change in the published states means for this process's throttles.
@@ -1201,7 +1265,8 @@ class PeerStates:
             state.k, state.at_floor, state.applied, state.granted,
             None if state.step_age is None else now - state.step_age, state.stepped_by, state.originv,
             None if state.spout else state.queue_bytes, any(h > 0 for h in state.holds.values()),
-            self.idle_at.get(task), state.dry, self.dry_at.get(task), state.at_intake)
+            self.idle_at.get(task), state.dry, self.dry_at.get(task), state.at_intake,
+            None if state.in_use_age is None else now - state.in_use_age)
         for tid, th in self.throttles.items():
             held = state.holds.get(tid, 0)
             if held or task in th.holds:

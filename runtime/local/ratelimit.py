@@ -17,11 +17,12 @@ Clock = Callable[[], float]
 
 
 class RateLimiter:
-    __slots__ = ("rate", "burst_s", "_due", "_clock")
+    __slots__ = ("rate", "burst_s", "waits", "_due", "_clock")
 
     def __init__(self, clock: Clock = time.monotonic, burst_s: float = 0.005) -> None:
         self.rate: float | None = None
         self.burst_s = burst_s
+        self.waits = 0              # reserves that found the limit binding (a wait, however short)
         self._due = 0.0
         self._clock = clock
 
@@ -41,7 +42,10 @@ class RateLimiter:
         now = self._clock()
         start = self._due if self._due > now - self.burst_s else now - self.burst_s
         self._due = start + n / rate
-        return self._due - now if self._due > now else 0.0
+        if self._due > now:
+            self.waits += 1
+            return self._due - now
+        return 0.0
 
 
 class EwmaRate:

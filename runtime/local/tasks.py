@@ -204,6 +204,9 @@ class _TaskBase:
     def dry_count(self) -> int:
         return self.dry_rounds
 
+    def wait_count(self) -> int:
+        return self.limiter.waits
+
     def set_rate(self, tuples_per_second: float | None) -> None:
         if tuples_per_second is None:
             if self.limiter.rate is not None and self.stats.emitted_at_first_release is None:
