@@ -30,7 +30,10 @@ with a relay bolt, run once more with ``stepwise+intake`` (``release_within_inta
 task releases the spout no further than one part over what its own limit lets it take in): once the slow task
 lets the relay go, the spout must still come back to ``originv``. (c) and (e) run once more with ``stepwise+settle``
 (``settle_after_release``: a queue at work reads its next light window only once a release shows in its smoothed
-level): the releases, slower, must still bring every limit back to ``originv`` exactly.
+level): the releases, slower, must still bring every limit back to ``originv`` exactly. (c) and (f) run once more
+with ``stepwise+inuse`` (``release_after_limit_in_use``: the slow task releases the relay, while the relay's input
+is held, only on a light window begun once the relay's limit had bound its emits for a settle time): the chain
+must still unwind to ``originv``, the relay's limit binding or, failing that, the wait running out.
 
 Nothing here asserts on wall time; the waits only bound a hang.
 """
@@ -116,9 +119,10 @@ def _g(box: Ctl, tracked: bool) -> Topology:
 
 BUILD = {"a": _a, "b": _b, "c": _c, "d": _d, "e": _e, "f": _f, "g": _g}
 # Settings beyond the document: the matrix's named variants (stepwise+flat, +search, +slopes, +hops, +dry,
-# +drain, +intake, +settle), read from the bench so the two cannot drift apart.
+# +drain, +intake, +settle, +inuse), read from the bench so the two cannot drift apart.
 SETTINGS = {"": {}, **{name: VARIANTS[f"stepwise+{name}"]
-                       for name in ("flat", "search", "slopes", "hops", "dry", "drain", "intake", "settle")}}
+                       for name in ("flat", "search", "slopes", "hops", "dry", "drain", "intake", "settle",
+                                    "inuse")}}
 CASES = [(k, False, "") for k in BUILD] + [("a", True, ""), ("b", True, ""), ("d", False, "flat"),
                                            ("e", False, "flat")] + [(k, False, "search") for k in "bcef"] + [
                                            (k, False, "slopes") for k in "bcef"] + [
@@ -126,7 +130,8 @@ CASES = [(k, False, "") for k in BUILD] + [("a", True, ""), ("b", True, ""), ("d
                                            (k, False, "dry") for k in "de"] + [
                                            (k, False, "drain") for k in "ce"] + [
                                            (k, False, "intake") for k in "cf"] + [
-                                           (k, False, "settle") for k in "ce"]
+                                           (k, False, "settle") for k in "ce"] + [
+                                           (k, False, "inuse") for k in "cf"]
 
 
 def _config(acking: bool, settings: str = "") -> Any:

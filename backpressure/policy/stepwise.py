@@ -302,6 +302,22 @@ the queues at the bound. An idle queue shows nothing of the rate either way and 
 window as before. Measured, that slow mode came in 1 of 16 runs of (c) under it against 4 of 16 without it,
 but it slowed the climb back in (e) (goodput 0.94); BENCHMARKS.md has the cells.
 
+Light read once an upstream bolt's limit is in use (a setting; off in the document)
+------------------------------------------------------------------------------------
+``release_in_use`` (``backpressure.release_after_limit_in_use``; with ``queue_smoothing``): a light task releases
+an upstream bolt whose own input is held (it holds steps on its upstreams, or keeps one at its intake bound) only
+on a light window begun once that bolt's limit had bound its emits for ``SETTLE`` time constants of the smoothed
+level. The runtime counts the emits its limiter made wait (``TaskHandle.wait_count``); the driver samples that on
+its timer (``LimitInUse``: a spell starts at the first wait and ends after two samples without one, or when the
+limit changes) and publishes since when (``in_use_age``). A window read while the bolt emitted what it received,
+under its limit, or before a change of that limit could show in the level, says nothing of the limit: three
+traced slow runs of the overload matrix's (c) each began with the slow task releasing the relay past its capacity
+on such a window (54 ms after the last release; with the relay at its intake bound, under its limit for most of
+the window; 50 ms after the relay's limit came into use). The wait for that evidence lasts at most
+``in_use_patience`` (4 x ``sensitivity``); then the release goes out as before, so a relay whose input stays
+under its limit for good (a source that ran dry) is still let go, to ``originv`` exactly. A spout, or a bolt
+whose input is free, is released as before.
+
 Two more settings (off in the document)
 ---------------------------------------
 * ``release_window``: the low mark must hold this long (instead of ``sensitivity``)
