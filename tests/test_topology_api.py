@@ -127,6 +127,22 @@ def test_rate_limiter_is_off_until_set_and_paces_exactly():
     assert lim.reserve(10**6) == 0.0
 
 
+def test_rate_limiter_counts_only_the_emits_its_limit_made_wait():
+    clock = FakeClock()
+    lim = RateLimiter(clock, burst_s=0.01)
+    lim.reserve(1000)
+    assert lim.waits == 0                 # off: nothing binds
+    lim.set_rate(100.0)
+    lim.reserve(1)                        # within the 10 ms of credit: no wait
+    assert lim.waits == 0
+    assert lim.reserve(1) > 0 and lim.waits == 1     # due 10 ms on: the limit binds
+    clock.t += 1.0                        # emitting far under the limit: never waits
+    for _ in range(5):
+        assert lim.reserve(1) == 0.0
+        clock.t += 0.05
+    assert lim.waits == 1
+
+
 def test_rate_limiter_rejects_nonsense_rates():
     for bad in (0, -1, float("inf"), float("nan")):
         with pytest.raises(ValueError):
