@@ -197,6 +197,8 @@ RENDERERS: dict[str, tuple[str, Callable[[dict[str, Any]], tuple[str, str]], str
     "spark_cluster": ("Spark on a standalone cluster", _with_table("spark_cluster"), "python -m bench spark_cluster"),
     "spark_checkpoint_log": ("Spark's checkpoint file manager", _with_table("spark_checkpoint_log"),
                              "python -m bench spark_checkpoint_log"),
+    "spark_stage_cost": ("Spark: where a batch's fixed cost lies", _with_table("spark_stage_cost"),
+                         "python -m bench spark_stage_cost"),
 }
 
 

@@ -24,6 +24,7 @@ import datetime
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -140,4 +141,4 @@ def table(out: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
