@@ -102,3 +102,19 @@ def stamp(results: dict[str, Any], module: str) -> dict[str, Any]:
     run.setdefault("ended", datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"))
     run.setdefault("commit", commit())
     return results | {"command": command_line(module), "run": run}
+
+
+class RunStart:
+    """What a benchmark records of the machine around its run: the commit, the load and the
+    time when it began (taken at construction), and the load when it ended (``machine()``)."""
+
+    def __init__(self) -> None:
+        self.commit = commit()
+        self.load = os.getloadavg()
+        self.started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+    def machine(self) -> dict[str, Any]:
+        """The ``machine`` entry of a results file, read when the run ended."""
+        return {"cores": os.cpu_count(), "load_average_1_5_15_at_start": list(self.load),
+                "load_average_1_5_15_at_end": list(os.getloadavg()), "nice": os.nice(0),
+                "started_utc": self.started, "commit": self.commit}

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -100,8 +98,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from runtime.spark.session import get_session
 
     a = parse_args(argv)
-    commit, load_start = environment.commit(), os.getloadavg()
-    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    start = environment.RunStart()
     spark = get_session("local[2]", shuffle_partitions=2, app_name="topo-bench-checkpoint-log")
     timeout = 30 + 4 * (a.batches + WARMUP_BATCHES) * a.trigger_ms / 1000
     runs: dict[str, list[dict[str, list[float]]]] = {s: [] for s in SETTINGS}
@@ -111,9 +108,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 runs[setting].append(run_query(spark, setting, a.batches, a.trigger_ms, timeout))
     finally:
         spark.stop()
-    out = {"machine": {"cores": os.cpu_count(), "load_average_1_5_15_at_start": list(load_start),
-                       "load_average_1_5_15_at_end": list(os.getloadavg()), "nice": os.nice(0),
-                       "started_utc": started, "commit": commit},
+    out = {"machine": start.machine(),
            "setup": {"rounds": a.rounds, "batches": a.batches, "trigger_ms": a.trigger_ms,
                      "warmup_batches": WARMUP_BATCHES, "source": "rate, 1000 rows/s", "master": "local[2]"},
            "summary": summarize(runs), "runs": runs}

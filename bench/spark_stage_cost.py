@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -146,8 +144,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from runtime.spark.session import get_session
 
     a = parse_args(argv)
-    commit, load_start = environment.commit(), os.getloadavg()
-    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    start = environment.RunStart()
     spark = get_session("local[2]", shuffle_partitions=2, log_level="ERROR")
     rounds: dict[str, list[dict[str, Any]]] = {q: [] for q in QUERIES}
     try:
@@ -165,9 +162,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                       f"{f['marginal_rows_per_s']:,.0f} rows/s marginal", flush=True)
     finally:
         spark.stop()
-    out = {"machine": {"cores": os.cpu_count(), "load_average_1_5_15_at_start": list(load_start),
-                       "load_average_1_5_15_at_end": list(os.getloadavg()), "nice": os.nice(0),
-                       "started_utc": started, "commit": commit},
+    out = {"machine": start.machine(),
            "setup": {"rounds": a.rounds, "seconds": a.seconds, "sizes": list(SIZES), "interval_ms": INTERVAL_MS,
                      "master": "local[2]"},
            "summary": summarize(rounds), "rounds": rounds}
