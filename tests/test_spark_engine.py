@@ -240,3 +240,36 @@ def test_restart_replays_a_batch_without_double_counting(spark, tmp_path):
         final[word] = max(final.get(word, 0), n)
     assert final == dict(expected_counts(DEFAULT_SENTENCES, 30))
     assert len(rows) == sum(final.values())          # every word tuple written exactly once
+
+
+class _Recording:
+    """A sink that keeps what it is handed (``discards`` as ``NullSink`` has it, or not)."""
+
+    def __init__(self, discards: bool) -> None:
+        self.discards = discards
+        self.batches: list[tuple[int, dict]] = []
+
+    def write_batch(self, query_id, batch_id, rows):
+        self.batches.append((batch_id, rows))
+        return True
+
+
+def test_spark_sink_none_runs_a_batch_without_collecting_its_tuples(spark, tmp_path):
+    """Under ``spark.sink: none`` a batch runs into Spark's noop sink: the sink is handed no
+    rows (nothing was brought to the driver); a sink that keeps them gets every row."""
+    import msgpack
+
+    from runtime.spark.engine import _BatchWriter
+    from runtime.spark.result_store import NullSink
+
+    assert NullSink.discards
+    df = spark.createDataFrame([("gen", "default", msgpack.packb([i])) for i in range(7)],
+                               "src string, stream string, v binary")
+    checkpoint = tmp_path / "ck"
+    checkpoint.mkdir()
+    (checkpoint / "metadata").write_text('{"id":"q1"}')
+    dropping, keeping = _Recording(discards=True), _Recording(discards=False)
+    _BatchWriter(dropping, {("gen", "default"): ["n"]}, str(checkpoint)).write_batch(df, 0)
+    _BatchWriter(keeping, {("gen", "default"): ["n"]}, str(checkpoint)).write_batch(df, 0)
+    assert dropping.batches == []
+    assert keeping.batches == [(0, {("gen", "default"): [[i] for i in range(7)]})]

@@ -173,6 +173,12 @@ class PostgresBatchSink(_SqlSink):
 
 
 class NullSink:
+    """``spark.sink: none``: every bolt runs and the terminal tuples are dropped where they are
+    made (``discards``: the engine runs the batch into Spark's ``noop`` sink instead of
+    collecting its tuples on the driver for nothing)."""
+
+    discards = True
+
     def write_batch(self, query_id: str, batch_id: int, rows: Rows) -> bool:
         return True
 
