@@ -18,7 +18,10 @@ out, as the rate-control bench's calibration does):
 
 Runs are interleaved in an order rotated each round. Reported per query: the fitted
 fixed cost ``a`` (ms) and marginal rate ``c`` (rows/s), and the median processing time of
-the 8,000-row batches, each as the median over the rounds with their range.
+the 8,000-row batches, each as the median over the rounds with their range. The ``rate``
+source's rows cost too little for the fit to place (its slope is mostly noise), so its
+8,000-row batch time is the floor to read. topo's queries run with ``spark.sink: none``:
+every batch ends in Spark's ``noop`` sink.
 
     python -m bench.spark_stage_cost [--rounds 3] [--seconds 12]
 
