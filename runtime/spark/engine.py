@@ -329,7 +329,7 @@ class _BatchWriter:
         self.query_id = ""
 
     def write_batch(self, batch_df: Any, batch_id: int) -> None:
-        if getattr(self.sink, "discards", False):
+        if self.sink.discards:
             # Run the batch (its bolts must run) without bringing its tuples to the driver.
             batch_df.write.format("noop").mode("overwrite").save()
             return

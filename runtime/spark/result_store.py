@@ -51,6 +51,10 @@ def quote(ident: str) -> str:
 
 
 class BatchSink(Protocol):
+    # True: the sink keeps nothing, so the engine runs each batch without collecting its rows
+    # on the driver (``NullSink``); the SQL sinks are handed every terminal tuple.
+    discards: bool
+
     def write_batch(self, query_id: str, batch_id: int, rows: Rows) -> bool:
         """Write one batch's rows; False when that batch was already committed."""
         ...
@@ -63,6 +67,7 @@ class _SqlSink:
 
     placeholder = "?"
     field_type = ""
+    discards = False
 
     def __init__(self, streams: Mapping[tuple[str, str], Sequence[str]]) -> None:
         self.streams = {k: tuple(v) for k, v in streams.items()}
