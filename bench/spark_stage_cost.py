@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from bench import environment
 from bench.environment import stamp
@@ -48,6 +48,14 @@ from topo.sources import SyntheticSpout
 from topo.topology import Topology, TopologyBuilder
 
 QUERIES = ("rate", "spout", "spout_bolt", "spout_work")
+
+
+class Point(NamedTuple):
+    """One batch as the fit reads it (``fit_overhead`` takes its two fields by name)."""
+
+    rows: int
+    processing_time: float  # seconds
+
 SIZES = (8_000, 40_000)
 INTERVAL_MS = 1000
 RESULTS = Path(__file__).parent / "results" / "spark_stage_cost.json"
@@ -73,21 +81,19 @@ def topology(query: str) -> Topology:
     return b.build()
 
 
-def run_topo(spark: Any, query: str, size: int, seconds: float) -> list[tuple[int, float]]:
-    """(rows, processing seconds) of each batch of one run of topo's ``query`` at ``size``-row
-    batches, the first left out."""
+def run_topo(spark: Any, query: str, size: int, seconds: float) -> list[Point]:
+    """Each batch of one run of topo's ``query`` at ``size``-row batches, the first left out."""
     from runtime.spark import engine
 
     cfg = base_config(INTERVAL_MS) | {"spark.rate_control": "fixed",
                                       "spark.max_rate_per_partition": size / (INTERVAL_MS / 1000) / 2}
-    return [(b.rows, b.processing_time) for b in engine.run(topology(query), cfg, spark=spark,
-                                                            duration=seconds).batches[1:]]
+    return [Point(b.rows, b.processing_time) for b in engine.run(topology(query), cfg, spark=spark,
+                                                                 duration=seconds).batches[1:]]
 
 
-def run_rate(spark: Any, size: int, seconds: float) -> list[tuple[int, float]]:
-    """(rows, processing seconds) of each batch of Spark's ``rate`` source into a counting
-    ``foreachBatch``, ``size`` rows a second at a 1 s trigger, the first two left out (the
-    source ramps up)."""
+def run_rate(spark: Any, size: int, seconds: float) -> list[Point]:
+    """Each batch of Spark's ``rate`` source into a counting ``foreachBatch``, ``size`` rows a
+    second at a 1 s trigger, the first two left out (the source ramps up)."""
     with tempfile.TemporaryDirectory(prefix="topo-stage-bench-") as tmp, contextlib.ExitStack() as stack:
         checkpoint = str(Path(tmp) / "checkpoint")
         use_manager(stack, spark, "filesystem", checkpoint)     # the checkpoint manager topo's queries use here
@@ -100,19 +106,12 @@ def run_rate(spark: Any, size: int, seconds: float) -> list[tuple[int, float]]:
         finally:
             query.stop()
         progress = [p for p in query.recentProgress if p.get("numInputRows", 0) > 0][2:]
-    return [(int(p["numInputRows"]), float(p["durationMs"]["triggerExecution"]) / 1000.0) for p in progress]
+    return [Point(int(p["numInputRows"]), float(p["durationMs"]["triggerExecution"]) / 1000.0) for p in progress]
 
 
-class _Batch:
-    """What ``fit_overhead`` reads of a batch."""
-
-    def __init__(self, rows: int, processing_time: float) -> None:
-        self.rows, self.processing_time = rows, processing_time
-
-
-def fit(points: Sequence[tuple[int, float]]) -> dict[str, Any]:
+def fit(points: Sequence[Point]) -> dict[str, Any]:
     """The fit over one round of a query, and the median time of its smallest batches."""
-    a, c = fit_overhead([_Batch(n, t) for n, t in points])
+    a, c = fit_overhead(points)
     small = [t for n, t in points if n <= SIZES[0] * 1.1]
     return {"fixed_cost_ms": a * 1000.0, "marginal_rows_per_s": c, "batches": len(points),
             "small_batch_median_ms": statistics.median(small) * 1000.0 if small else None}
@@ -155,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         for r in range(a.rounds):
             order = QUERIES[r % len(QUERIES):] + QUERIES[:r % len(QUERIES)]
             for query in order:
-                points: list[tuple[int, float]] = []
+                points: list[Point] = []
                 for size in SIZES:
                     points += (run_rate(spark, size, a.seconds) if query == "rate"
                                else run_topo(spark, query, size, a.seconds))

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-from bench.spark_stage_cost import QUERIES, fit, parse_args, summarize, table
+from bench.spark_stage_cost import QUERIES, Point, fit, parse_args, summarize, table
 
 
 def test_the_fit_recovers_a_known_fixed_cost_and_marginal_rate():
     """Batches of 8,000 and 40,000 rows at exactly 0.15 s + rows / 200,000 rows/s."""
-    points = [(n, 0.15 + n / 200_000) for n in (8_000, 8_000, 40_000, 40_000)]
+    points = [Point(n, 0.15 + n / 200_000) for n in (8_000, 8_000, 40_000, 40_000)]
     f = fit(points)
     assert f["fixed_cost_ms"] == pytest.approx(150.0)
     assert f["marginal_rows_per_s"] == pytest.approx(200_000.0)
