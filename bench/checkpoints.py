@@ -15,6 +15,7 @@
 """
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import statistics
@@ -22,7 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import uvloop
 
@@ -174,9 +175,16 @@ def measure(total: int = 1_500_000, repeats: int = 6, keys: int = 1_000_000, bp_
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    quick = bool(argv) and "--quick" in argv
-    out = measure(total=300_000, repeats=2, keys=100_000, bp_seconds=5.0) if quick else measure()
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.checkpoints", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true",
+                   help="a short run: 300,000 tuples, 2 pairs, 100,000 keys to recover, 5 s under backpressure")
+    return p.parse_args(list(argv or []))  # None: the defaults (python -m bench passes nothing)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    a = parse_args(argv)
+    out = measure(total=300_000, repeats=2, keys=100_000, bp_seconds=5.0) if a.quick else measure()
     RESULTS.mkdir(exist_ok=True)
     out = stamp(out, "checkpoints")
     (RESULTS / "checkpoints.json").write_text(json.dumps(out, indent=2) + "\n")

@@ -16,13 +16,15 @@ under saturation latency is queue depth divided by throughput.
 """
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import msgpack
 import uvloop
@@ -173,7 +175,13 @@ def measure(n: int = N, repeats: int = REPEATS) -> dict[str, Any]:
     return out
 
 
-def main() -> None:
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.throughput", description=__doc__.split("\n\n")[0])
+    return p.parse_args(list(argv or []))  # None: the defaults (python -m bench passes nothing); no options
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parse_args(argv)
     out = measure()
     RESULTS.mkdir(exist_ok=True)
     out = stamp(out, "throughput")
@@ -190,4 +198,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

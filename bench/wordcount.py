@@ -55,6 +55,7 @@ all alike (``uniform``: fields grouping then gives each count task half the word
 """
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -71,7 +72,7 @@ import time
 from collections import Counter, deque
 from itertools import chain
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Collection, Iterable, Sequence
 
 import uvloop
 
@@ -591,37 +592,53 @@ def widest_from_median(runs: dict[str, list[float]]) -> dict[str, float]:
     return out
 
 
-def _list_option(args: list[str], flag: str, known: list[str], default: list[str]) -> list[str]:
-    """The comma-separated value of ``flag`` in ``args`` (``default`` without it); a name
-    not in ``known``, or the flag with no value, is a one-line error."""
-    if flag not in args:
-        return default
-    i = args.index(flag)
-    given = args[i + 1].split(",") if i + 1 < len(args) else []
-    unknown = [m for m in given if m not in known]
-    if not given or unknown:
-        raise SystemExit(f"{flag}: unknown {unknown or 'nothing given'} (known: {', '.join(known)})")
-    return given
+def _names(p: argparse.ArgumentParser, flag: str, given: str | None, known: Collection[str],
+           default: Iterable[str]) -> list[str]:
+    """The comma-separated names ``flag`` was given (``default`` without it); a name not in
+    ``known`` is a one-line error."""
+    if given is None:
+        return list(default)
+    names = given.split(",")
+    unknown = [m for m in names if m not in known]
+    if unknown:
+        p.error(f"{flag}: unknown {unknown} (known: {', '.join(known)})")
+    return names
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = list(argv or [])
-    quick = "--quick" in args
-    # --worker-modes off,on_batch_granularity: a shorter run (acking on at tuple granularity
-    # is the slowest pair of cells, and one process measures what it costs)
-    modes = _list_option(args, "--worker-modes", list(WORKER_MODES), list(WORKER_MODES))
-    inputs = _list_option(args, "--worker-inputs", list(WORKER_INPUTS), list(DEFAULT_WORKER_INPUTS))
-    variants = _list_option(args, "--worker-variants", list(WORKER_VARIANTS), list(WORKER_VARIANTS))
-    given = args[args.index("--worker-rounds") + 1] if "--worker-rounds" in args else str(WORKER_ROUNDS)
-    if not given.isdigit() or int(given) < 1:
-        raise SystemExit(f"--worker-rounds: a whole number >= 1, got {given!r}")
-    rounds = int(given)
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.wordcount", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true",
+                   help="a short run: fewer sentences, 2 repeats, one round of the workers bench")
+    p.add_argument("--worker-modes", metavar="MODE,...",
+                   help=f"acking modes of the workers bench (of {', '.join(WORKER_MODES)}; default all); "
+                   "off,on_batch_granularity is a shorter run (acking on at tuple granularity is the "
+                   "slowest pair of cells, and one process measures what it costs)")
+    p.add_argument("--worker-inputs", metavar="INPUT,...",
+                   help=f"inputs of the workers bench (of {', '.join(WORKER_INPUTS)}; "
+                   f"default {','.join(DEFAULT_WORKER_INPUTS)})")
+    p.add_argument("--worker-variants", metavar="VARIANT,...",
+                   help=f"variants of the workers bench (of {', '.join(WORKER_VARIANTS)}; default all)")
+    p.add_argument("--worker-rounds", default=str(WORKER_ROUNDS), metavar="N",
+                   help=f"interleaved rounds of the workers bench ({WORKER_ROUNDS}; 1 with --quick)")
+    a = p.parse_args(list(argv or []))  # None: the defaults (python -m bench passes nothing)
+    a.worker_modes = _names(p, "--worker-modes", a.worker_modes, WORKER_MODES, WORKER_MODES)
+    a.worker_inputs = _names(p, "--worker-inputs", a.worker_inputs, WORKER_INPUTS, DEFAULT_WORKER_INPUTS)
+    a.worker_variants = _names(p, "--worker-variants", a.worker_variants, WORKER_VARIANTS, WORKER_VARIANTS)
+    if not a.worker_rounds.isdigit() or int(a.worker_rounds) < 1:
+        p.error(f"--worker-rounds: a whole number >= 1, got {a.worker_rounds!r}")
+    a.worker_rounds = int(a.worker_rounds)
+    return a
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    a = parse_args(argv)
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     load_start = os.getloadavg()
-    out = measure(n=50_000, repeats=2) if quick else measure()
+    out = measure(n=50_000, repeats=2) if a.quick else measure()
     out["spread"] = widest_from_median(out["words_per_s"])
-    out["workers"] = (measure_workers(60_000, 1, modes, inputs, variants) if quick
-                      else measure_workers(rounds=rounds, modes=modes, inputs=inputs, variants=variants))
+    out["workers"] = (measure_workers(60_000, 1, a.worker_modes, a.worker_inputs, a.worker_variants) if a.quick
+                      else measure_workers(rounds=a.worker_rounds, modes=a.worker_modes, inputs=a.worker_inputs,
+                                           variants=a.worker_variants))
     out["workers"]["spread"] = widest_from_median(out["workers"]["seconds"])
     out["run"] = {"commit": environment.commit() or "unknown", "started": started,
                   "ended": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),

@@ -6,6 +6,7 @@ import os
 import sys
 from collections import Counter
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -13,6 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backpressure.coordinator.embedded import EmbeddedCoordinator  # noqa: E402
 import bench.backpressure_latency as latency  # noqa: E402
+import bench.checkpoints as checkpoints  # noqa: E402
+import bench.throughput as throughput  # noqa: E402
 import bench.wordcount as wordcount  # noqa: E402
 
 
@@ -70,16 +73,55 @@ def test_the_workers_bench_checks_topo_counts_written_by_two_workers(tmp_path: P
         wordcount._timed_run(cmd, str(tmp_path / "out"), env, truth + Counter({"extra": 1}), wordcount.read_topo_counts)
 
 
+def _no_measuring(monkeypatch: pytest.MonkeyPatch, bench: ModuleType) -> None:
+    """``bench``'s benchmark fails the test if anything starts it."""
+    def measure(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"{bench.__name__} started its benchmark")
+    monkeypatch.setattr(bench, "measure", measure)
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--worker-variants", "tuples"], "--worker-variants: unknown ['tuples'] (known: per_tuple, batch)"),
-    (["--worker-modes", "off,sometimes"], "--worker-modes: unknown ['sometimes']"),
-    (["--worker-inputs"], "--worker-inputs: unknown nothing given"),
+    (["--worker-modes", "off,sometimes"],
+     "--worker-modes: unknown ['sometimes'] (known: off, on, on_batch_granularity)"),
+    (["--worker-inputs", "example,"], "--worker-inputs: unknown [''] (known: example, zipf, uniform)"),
+    (["--worker-inputs"], "argument --worker-inputs: expected one argument"),
     (["--worker-rounds", "0"], "--worker-rounds: a whole number >= 1, got '0'"),
+    (["--worker-rounds", "2.5"], "--worker-rounds: a whole number >= 1, got '2.5'"),
 ])
-def test_the_wordcount_bench_refuses_a_bad_option_in_one_line(argv: list[str], message: str) -> None:
+def test_the_wordcount_bench_refuses_a_bad_option_in_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str],
+                                                              argv: list[str], message: str) -> None:
+    _no_measuring(monkeypatch, wordcount)
     with pytest.raises(SystemExit) as exc:
         wordcount.main(argv)
-    assert message in str(exc.value) and "\n" not in str(exc.value)
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"python -m bench.wordcount: error: {message}"
+
+
+@pytest.mark.parametrize("bench", [wordcount, checkpoints, throughput], ids=lambda m: m.__name__)
+def test_a_bench_prints_its_usage_or_refuses_an_unknown_flag_without_running(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], bench: ModuleType) -> None:
+    _no_measuring(monkeypatch, bench)
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--help"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: python -m {bench.__name__} [-h]")
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--qiuck"])      # misspelt
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"python -m {bench.__name__}: error: unrecognized arguments: --qiuck")
+
+
+@pytest.mark.parametrize("bench", [wordcount, checkpoints, throughput], ids=lambda m: m.__name__)
+def test_a_bench_called_with_no_arguments_runs_with_no_flags_whatever_sys_argv_holds(
+        monkeypatch: pytest.MonkeyPatch, bench: ModuleType) -> None:
+    # python -m bench NAME calls NAME's main() with sys.argv holding its own arguments.
+    monkeypatch.setattr(sys, "argv", ["bench/__main__.py", "--help", bench.__name__.split(".")[1]])
+    _no_measuring(monkeypatch, bench)
+    with pytest.raises(AssertionError, match="started its benchmark"):
+        bench.main()
 
 
 def test_the_workers_bench_runs_only_the_variants_asked_for(tmp_path: Path) -> None:
