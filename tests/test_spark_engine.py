@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -240,6 +241,44 @@ def test_restart_replays_a_batch_without_double_counting(spark, tmp_path):
         final[word] = max(final.get(word, 0), n)
     assert final == dict(expected_counts(DEFAULT_SENTENCES, 30))
     assert len(rows) == sum(final.values())          # every word tuple written exactly once
+
+
+class Slow(Bolt):
+    """Takes ``delay`` seconds per tuple: batches that overrun the trigger interval."""
+
+    outputs = ["id"]
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+    def execute(self, tup):
+        time.sleep(self.delay)
+        self.collector.emit([tup["id"]])
+
+
+def _last_batch_id(log_dir: Path) -> int:
+    """The last batch id in a checkpoint's ``offsets`` or ``commits`` log (-1: none)."""
+    return max((int(p.name) for p in log_dir.iterdir() if p.name.isdigit()), default=-1)
+
+
+def test_a_duration_stop_lets_the_batch_in_flight_finish(spark, tmp_path):
+    """Batches run back to back (each overruns the 0.5 s trigger), so one is always in
+    flight when the duration ends: the stop lets it finish. Its offsets have a commit
+    (stopped in the middle, Spark logs its offsets and never commits them), and its
+    tuples reach the sink: every row the listener counted was written."""
+    b = TopologyBuilder("drain")
+    b.spout("gen", SyntheticSpout("constant", rate=1000.0, partitions=2))
+    b.bolt("slow", Slow(0.02), 2).shuffle("gen")
+    url = f"sqlite:{tmp_path}/out.db"
+    cfg = {"spark.sink": url, "spark.checkpoint_dir": str(tmp_path / "ckpt"), "spark.rate_control": "fixed",
+           "spark.max_rate_per_partition": 40.0, "spark.trigger_interval_ms": 500}
+    result = spark_engine.run(b.build(), cfg, spark=spark, duration=8)
+    assert result.reason == "duration"
+    ckpt = tmp_path / "ckpt"
+    assert _last_batch_id(ckpt / "offsets") == _last_batch_id(ckpt / "commits") == result.batches[-1].batch_id
+    assert len(read_rows(url, "slow")) == result.input_rows
+    assert len(result.batches) >= 2
+    assert all(r.processing_time > 0.5 for r in result.batches[1:])       # back to back: always one in flight
 
 
 class _Recording:

@@ -12,8 +12,8 @@ import msgpack
 import pytest
 
 from backpressure.policy.rate_control import AdaptiveRateController, DStreamPIDController
-from runtime.spark.datasource import (OffsetStreamReader, admit, read_rate, read_start, source_options,
-                                      write_rate, write_start)
+from runtime.spark.datasource import (OffsetStreamReader, admit, clear_stop, read_rate, read_start,
+                                      source_options, write_rate, write_start, write_stop)
 from runtime.spark.listener import (RateFeedback, SourceControl, next_boundary, parse_timestamp,
                                     scheduling_delay, submission_time)
 from runtime.spark.plan import check, stage_plans, terminal_streams
@@ -186,6 +186,56 @@ def test_a_reader_whose_trigger_fires_late_admits_the_cut_cap(tmp_path):
     end = reader.latestOffset(reader.initialOffset(), reader.getDefaultReadLimit())
     assert end == {"0": 250, "1": 250}
     assert read_start(str(state), "spout")["rate"] == 500.0
+
+
+def test_a_stopping_reader_admits_nothing_and_a_new_run_clears_the_marker(tmp_path):
+    src = SyntheticSource(Constant(1000), partitions=2).started_at(time.time() - 100)   # 100k available
+    reader, state = make_reader(tmp_path, src, rate=600.0)
+    end = reader.latestOffset(reader.initialOffset(), reader.getDefaultReadLimit())
+    assert end == {"0": 300, "1": 300}
+    write_stop(str(state))
+    assert reader.latestOffset(end, reader.getDefaultReadLimit()) == end     # no new data: no batch
+    clear_stop(str(state))
+    clear_stop(str(state))                                                   # (no marker: nothing to do)
+    assert reader.latestOffset(end, reader.getDefaultReadLimit()) == {"0": 600, "1": 600}
+
+
+class _Query:
+    """A streaming query as ``QueryStop`` sees it: a trigger active for ``busy`` polls."""
+
+    def __init__(self, busy: int) -> None:
+        self.busy = busy
+        self.polls = 0
+        self.stopped_after = None
+        self.isActive = True
+
+    @property
+    def status(self):
+        self.polls += 1
+        return {"isTriggerActive": self.polls <= self.busy}
+
+    def stop(self):
+        self.stopped_after = self.polls
+        self.isActive = False
+
+
+def test_a_query_stops_after_the_batch_in_flight_within_the_drain_timeout(tmp_path, caplog):
+    from runtime.spark.engine import QueryStop
+
+    state = tmp_path / "state"
+    state.mkdir()
+    seen = []
+    q = _Query(busy=3)
+    q.stop = lambda: (seen.append((q.polls, (state / "stopping").exists())), setattr(q, "isActive", False))
+    QueryStop(str(state), drain_timeout_s=5.0, poll_s=0.0)(q)
+    # stopped once a poll found no trigger active, with the readers told to admit nothing; marker gone after
+    assert seen == [(4, True)]
+    assert not (state / "stopping").exists()
+    # a batch longer than the drain timeout: stopped in the middle of it, with a warning
+    q = _Query(busy=10 ** 9)
+    QueryStop(str(state), drain_timeout_s=0.05, poll_s=0.01)(q)
+    assert not q.isActive and q.polls < 100
+    assert "did not finish within drain_timeout_s" in caplog.text
 
 
 def test_reader_uneven_presharding_and_bound(tmp_path):

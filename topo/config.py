@@ -213,7 +213,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_retries", 3, _int, "replays of one spout tuple before it goes to the dead-letter file", check=_between(0, 1000)),
     Setting("max_spout_pending", 10000, _int, "tracked tuples in flight per spout task before next_tuple pauses", check=_between(1, 1_000_000)),
     Setting("dead_letter_path", "dead-letters.jsonl", _str, "JSON lines file for tuples that exhausted their retries"),
-    Setting("drain_timeout_s", 10.0, _float, "on stop, how long in-flight tuples may take before they are failed back", check=_between(0, 3600)),
+    Setting("drain_timeout_s", 10.0, _float, "on stop, how long in-flight tuples may take before they are failed back (Spark: how long the micro-batch in flight may take to finish before the query is stopped in the middle of it)", check=_between(0, 3600)),
     Setting("execute_timeout_s", 60.0, _float, "an async (or blocking: true) bolt execute running longer is cancelled and its tuple failed; a bolt's own execute_timeout_s wins", check=_between(0, DAY_S, above=True)),
     Setting("spout.max_consecutive_errors", 1000, _int, "a spout whose next_tuple raises this many times in a row (with backoff) stops the run", check=_between(1, 1_000_000_000)),
     Setting("errors.log_first", 10, _int, "failures of one task logged one by one before they are only counted per interval", check=_between(0, 100_000)),

@@ -18,6 +18,9 @@ executors. So nothing is shared with the driver's objects:
 * **Batch starts** go back the same way: when ``latestOffset`` admits rows, the reader
   writes a start report (time, rows, cap) that the driver's submission ticker reads to
   tell the controller a batch is running (document 001, 3.2.1).
+* **Stopping** (``write_stop``): once the driver decides to stop, the reader admits no
+  more rows (``latestOffset`` returns the start offsets), so the batch in flight is the
+  last one and the query can be stopped after it instead of in the middle of it.
 * **Pre-sharding** (step 2): ``partitions(start, end)`` splits each source partition's
   range into ``map_num`` Spark partitions (``runtime.spark.presharding``); a partition
   carries only ``(partition, start, end)`` and ``read`` fetches the records when the
@@ -87,6 +90,20 @@ def rate_path(state_dir: str, component: str) -> Path:
 
 def start_path(state_dir: str, component: str) -> Path:
     return Path(state_dir) / f"{component}.start.json"
+
+
+def stop_path(state_dir: str) -> Path:
+    return Path(state_dir) / "stopping"
+
+
+def write_stop(state_dir: str) -> None:
+    """The driver is stopping the query: every reader of this run admits nothing more."""
+    stop_path(state_dir).touch()
+
+
+def clear_stop(state_dir: str) -> None:
+    """A run starts (a ``spark.state_dir`` kept from a stopped run holds the marker)."""
+    stop_path(state_dir).unlink(missing_ok=True)
 
 
 def write_rate(state_dir: str, component: str, rate: float | None, submit_time: float,
@@ -213,6 +230,8 @@ class OffsetStreamReader(DataSourceStreamReader):  # type: ignore[misc,valid-typ
 
     def latestOffset(self, start: dict[str, int], limit: Any) -> dict[str, int]:
         begin = _offsets(start)
+        if stop_path(self.state_dir).exists():
+            return {str(p): o for p, o in begin.items()}     # stopping: no new batch
         latest = self.source.latest()
         if isinstance(limit, ReadAllAvailable):
             rate, per_partition, max_rows = None, None, None

@@ -14,8 +14,8 @@
    feed the controllers (``runtime.spark.listener``), which publish caps to the reader;
 6. stops when every source is finite and read (``exhausted``), after ``duration``
    seconds, once ``max_tuples`` source rows have been processed (checked per batch, so
-   the last batch may go past it), or on Ctrl-C (``signal``); a failed query re-raises
-   its error.
+   the last batch may go past it), or on Ctrl-C (``signal``), each with drain (``QueryStop``:
+   the batch in flight finishes first); a failed query re-raises its error.
 
 Decisions where the issue is silent, as a Storm or Spark user would expect them:
 one query per topology (a spout is a source, not a query); with ``metrics.port`` set
@@ -54,7 +54,7 @@ import msgpack
 
 from backpressure.policy.rate_control import make_controller
 from runtime.observe.spark_stats import SparkStats
-from runtime.spark.datasource import SOURCE_NAME, OffsetDataSource, source_options
+from runtime.spark.datasource import SOURCE_NAME, OffsetDataSource, clear_stop, source_options, write_stop
 from runtime.spark.listener import (BatchRecord, RateFeedback, SourceControl, SubmissionTicker,
                                     make_listener, next_boundary)
 from runtime.spark.bolts import FAILURE_PREFIX
@@ -69,6 +69,11 @@ from topo.api import ComponentError
 from topo.config import resolve
 from topo.sources.base import select_columns
 from topo.topology import Topology, TopologyError
+
+log = logging.getLogger(__name__)
+
+# How long a stopped query's last progress event may take to reach the listener.
+LISTENER_SETTLE_S = 2.0
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
@@ -175,10 +180,16 @@ def run(topology: Topology, config: Mapping[str, Any] | None = None, *, master: 
         sink = open_sink(cfg["spark.sink"], streams)
         stack.callback(sink.close)
         writer = _BatchWriter(sink, streams, checkpoint)
+        clear_stop(state_dir)
+        stop = QueryStop(state_dir, float(cfg["drain_timeout_s"]))
         started, query = _start_query(stack, spark, result_df, f"{topology.name}-{uuid.uuid4().hex[:8]}",
-                                      feedback, writer, interval_s, checkpoint)
+                                      feedback, writer, interval_s, checkpoint, stop)
         reason = _wait(query, feedback, started, duration, max_tuples, handle_signals, log_file)
-        elapsed = time.time() - started
+        stop(query)     # with drain: the run's time and rows include the batch it let finish
+        elapsed = stop.drained_at - started
+        last = _last_data_batch(query)
+        if last is not None:
+            feedback.wait_for_batch(last, LISTENER_SETTLE_S)
         return SparkRunResult(reason, list(feedback.batches), list(stats.values()), feedback.input_rows, elapsed,
                               cfg["spark.rate_control"], writer.query_id,
                               checkpoint if cfg["spark.checkpoint_dir"] else "", cfg["spark.sink"],
@@ -345,9 +356,9 @@ class _BatchWriter:
 
 
 def _start_query(stack: contextlib.ExitStack, spark: Any, result_df: Any, name: str, feedback: RateFeedback,
-                 writer: _BatchWriter, interval_s: float, checkpoint: str) -> tuple[float, Any]:
-    """Listener, streaming query and submission ticker, each stopped at the end;
-    returns (start time, query)."""
+                 writer: _BatchWriter, interval_s: float, checkpoint: str, stop: QueryStop) -> tuple[float, Any]:
+    """Listener, streaming query and submission ticker, each stopped at the end (the
+    query by ``stop``); returns (start time, query)."""
     listener = make_listener(feedback, name)
     stack.callback(spark.streams.removeListener, listener)
     spark.streams.addListener(listener)
@@ -355,11 +366,61 @@ def _start_query(stack: contextlib.ExitStack, spark: Any, result_df: Any, name: 
     query = (result_df.writeStream.queryName(name).foreachBatch(writer.write_batch)
              .trigger(processingTime=f"{int(round(interval_s * 1000))} milliseconds")
              .option("checkpointLocation", checkpoint).start())
-    stack.callback(_stop_query, query)
+    stack.callback(stop, query)
     ticker = SubmissionTicker(feedback, interval_s)
     stack.callback(ticker.stop)
     ticker.start()
     return started, query
+
+
+@dataclass
+class QueryStop:
+    """Stops a query with drain, as the local engine stops a topology: the readers admit
+    no more rows (``datasource.write_stop``), the micro-batch in flight finishes (its
+    rows reach the sink, its offsets are committed) for up to ``drain_timeout_s``, and
+    only then is the query stopped. Stopped in the middle of a batch, Spark aborts the
+    batch's write and its Python workers die on a closed socket, each printing a trace
+    to the terminal. A second Ctrl-C while waiting stops at once."""
+
+    state_dir: str
+    drain_timeout_s: float
+    poll_s: float = 0.02
+    done: bool = False
+    drained_at: float = 0.0     # when the drain ended (time.time()), before the query stopped
+
+    def __call__(self, query: Any) -> None:
+        if self.done:
+            return
+        self.done = True
+        try:
+            write_stop(self.state_dir)
+            self.drain(query)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            self.drained_at = time.time()
+            _stop_query(query)
+            clear_stop(self.state_dir)
+
+    def drain(self, query: Any) -> bool:
+        """Wait until no trigger is running (a trigger that read offsets before the stop
+        marker was written is active until its batch ends); False if the time ran out."""
+        deadline = time.monotonic() + self.drain_timeout_s
+        while query.isActive and query.status.get("isTriggerActive"):
+            if time.monotonic() >= deadline:
+                log.warning("spark: the batch in flight did not finish within drain_timeout_s "
+                            "(%.1f s); the query is stopped in the middle of it", self.drain_timeout_s)
+                return False
+            time.sleep(self.poll_s)
+        return True
+
+
+def _last_data_batch(query: Any) -> int | None:
+    """The id of the query's last batch that read rows (None if none did)."""
+    for progress in reversed(query.recentProgress):
+        if progress["numInputRows"]:
+            return int(progress["batchId"])
+    return None
 
 
 def _stop_query(query: Any) -> None:

@@ -152,6 +152,21 @@ class RateFeedback:
         self.updated = threading.Event()
         self.origin: float | None = None   # when the query started (set by the engine)
 
+    def wait_for_batch(self, batch_id: int, timeout: float) -> bool:
+        """Whether the record of batch ``batch_id`` (or a later one) is here within
+        ``timeout`` s: progress events reach the listener asynchronously, so the last
+        batch of a stopped query may still be on its way."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.lock:
+                if self.batches and self.batches[-1].batch_id >= batch_id:
+                    return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self.updated.wait(min(left, 0.05))
+            self.updated.clear()
+
     # -- submission ------------------------------------------------------------------------
     def submit(self, submit_time: float) -> dict[str, float | None]:
         """Ask each controller for the cap of the batch submitted at ``submit_time``."""
