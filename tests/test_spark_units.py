@@ -93,6 +93,20 @@ def test_feedback_publishes_and_feeds_the_controller(tmp_path):
     assert [b.batch_id for b in fb.batches] == [0, 1]
 
 
+def test_a_stopped_querys_last_batch_is_waited_for_until_its_progress_arrives(tmp_path):
+    import threading
+
+    fb = RateFeedback(1.0, {"s": SourceControl("s", DStreamPIDController(1.0, 1))}, str(tmp_path))
+    assert not fb.wait_for_batch(0, timeout=0.05)                   # nothing yet: gives up at the timeout
+    fb.on_progress(progress(0, 5.0, 100, 10))
+    assert fb.wait_for_batch(0, timeout=0.0)                        # already here
+    late = threading.Timer(0.1, fb.on_progress, (progress(1, 6.0, 100, 10),))   # the listener's thread
+    late.start()
+    assert fb.wait_for_batch(1, timeout=5.0)
+    late.join()
+    assert [b.batch_id for b in fb.batches] == [0, 1]
+
+
 def test_feedback_ignores_empty_progress_and_stale_starts(tmp_path):
     c = DStreamPIDController(1.0, 1)
     fb = RateFeedback(1.0, {"s": SourceControl("s", c)}, str(tmp_path))
