@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from runtime.spark.checkpoint_log import use_manager
+from runtime.observe.spark_progress import progress_rows
 from bench import environment
 from bench.environment import stamp
 
@@ -62,7 +63,7 @@ def run_query(spark: Any, setting: str, batches: int, trigger_ms: int, timeout_s
 
 def _with_rows(query: Any) -> list[dict[str, Any]]:
     """The progress reports of triggers that ran a batch (an idle trigger writes no log)."""
-    return [p for p in query.recentProgress if p.get("batchId") is not None and p.get("numInputRows", 0) > 0]
+    return [p for p in query.recentProgress if p.get("batchId") is not None and progress_rows(p) > 0]
 
 
 def summarize(runs: dict[str, list[dict[str, list[float]]]]) -> dict[str, Any]:

@@ -13,8 +13,11 @@ out, as the rate-control bench's calibration does):
   ``foreachBatch`` that counts the rows, with the checkpoint manager topo's queries take
   for a local checkpoint: Spark's floor on this machine;
 * ``spout``: topo's spout alone (its Python data source, ``runtime.spark.datasource``);
-* ``spout_bolt``: the spout and a bolt that does nothing (a ``mapInArrow`` stage);
-* ``spout_work``: the spout and the rate-control bench's ``LinearWork`` (its query).
+* ``spout_bolt``: the spout and a bolt that does nothing, chained into the spout's
+  reader (``spark.chain``, the default);
+* ``spout_work``: the spout and the rate-control bench's ``LinearWork`` (its query), chained;
+* ``spout_bolt_unchained``, ``spout_work_unchained``: the same with ``spark.chain: false``,
+  the bolt in a ``mapInArrow`` stage of its own (every query's shape before chaining).
 
 Runs are interleaved in an order rotated each round. Reported per query: the fitted
 fixed cost ``a`` (ms) and marginal rate ``c`` (rows/s), and the median processing time of
@@ -43,11 +46,13 @@ from bench import environment
 from bench.environment import stamp
 from bench.spark_rate_control import LinearWork, base_config, fit_overhead
 from runtime.spark.checkpoint_log import use_manager
+from runtime.observe.spark_progress import progress_rows
 from topo.api import Bolt, Tuple
 from topo.sources import SyntheticSpout
 from topo.topology import Topology, TopologyBuilder
 
-QUERIES = ("rate", "spout", "spout_bolt", "spout_work")
+QUERIES = ("rate", "spout", "spout_bolt", "spout_bolt_unchained", "spout_work", "spout_work_unchained")
+UNCHAINED = "_unchained"
 
 
 class Point(NamedTuple):
@@ -71,7 +76,9 @@ class Nothing(Bolt):
 
 
 def topology(query: str) -> Topology:
-    """``spout``, ``spout_bolt`` or ``spout_work``: a source that always has more than a batch."""
+    """``spout``, ``spout_bolt`` or ``spout_work`` (``_unchained`` or not): a source that always
+    has more than a batch."""
+    query = query.removesuffix(UNCHAINED)
     b = TopologyBuilder("spark-stage-cost")
     b.spout("source", SyntheticSpout("constant", rate=1e7, partitions=2))
     if query == "spout_bolt":
@@ -86,7 +93,8 @@ def run_topo(spark: Any, query: str, size: int, seconds: float) -> list[Point]:
     from runtime.spark import engine
 
     cfg = base_config(INTERVAL_MS) | {"spark.rate_control": "fixed",
-                                      "spark.max_rate_per_partition": size / (INTERVAL_MS / 1000) / 2}
+                                      "spark.max_rate_per_partition": size / (INTERVAL_MS / 1000) / 2,
+                                      "spark.chain": not query.endswith(UNCHAINED)}
     return [Point(b.rows, b.processing_time) for b in engine.run(topology(query), cfg, spark=spark,
                                                                  duration=seconds).batches[1:]]
 
@@ -105,8 +113,8 @@ def run_rate(spark: Any, size: int, seconds: float) -> list[Point]:
             time.sleep(seconds)
         finally:
             query.stop()
-        progress = [p for p in query.recentProgress if p.get("numInputRows", 0) > 0][2:]
-    return [Point(int(p["numInputRows"]), float(p["durationMs"]["triggerExecution"]) / 1000.0) for p in progress]
+        progress = [p for p in query.recentProgress if progress_rows(p) > 0][2:]
+    return [Point(progress_rows(p), float(p["durationMs"]["triggerExecution"]) / 1000.0) for p in progress]
 
 
 def fit(points: Sequence[Point]) -> dict[str, Any]:
@@ -184,7 +192,7 @@ def _cell(d: dict[str, Any], fmt: str) -> str:
 def table(out: dict[str, Any]) -> str:
     s = out["summary"]
     lines = ["| query | fixed cost per batch, ms | marginal rows/s | 8,000-row batch, ms |", "|---|---|---|---|"]
-    for query in QUERIES:
+    for query in (q for q in QUERIES if q in s):     # a run before chaining has no _unchained queries
         q = s[query]
         lines.append(f"| {query} | {_cell(q['fixed_cost_ms'], '.0f')} | {_cell(q['marginal_rows_per_s'], ',.0f')} | "
                      f"{_cell(q['small_batch_median_ms'], '.0f')} |")

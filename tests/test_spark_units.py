@@ -16,7 +16,7 @@ from runtime.spark.datasource import (OffsetStreamReader, admit, clear_stop, rea
                                       source_options, write_rate, write_start, write_stop)
 from runtime.spark.listener import (RateFeedback, SourceControl, next_boundary, parse_timestamp,
                                     scheduling_delay, submission_time)
-from runtime.spark.plan import check, stage_plans, terminal_streams
+from runtime.spark.plan import chains, check, stage_plans, terminal_streams
 from runtime.spark.result_store import open_sink, read_rows, table_name
 from topo.api import Bolt, Spout
 from topo.sources import FileLog, MessageLogSpout, SyntheticSource, Constant
@@ -64,21 +64,25 @@ def test_parse_timestamp():
 
 # -- the feedback loop on fake progress -------------------------------------------------------------
 
-def progress(batch_id: int, start: float, duration_ms: int, rows: int, end_offset: dict | None = None) -> dict:
+def progress(batch_id: int, start: float, duration_ms: int, rows: int, end_offset: dict | None = None,
+             start_offset: dict | None = None) -> dict:
+    """A ``StreamingQueryProgress`` as a dict, one source; with offsets, ``rows`` is what
+    Spark counted coming out of the source (a chained reader's: its last bolt's rows)."""
     ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(start)) + f".{int(round((start % 1) * 1000)):03d}Z"
     return {"batchId": batch_id, "timestamp": ts, "numInputRows": rows,
             "durationMs": {"triggerExecution": duration_ms},
             "sources": [{"description": "x", "numInputRows": rows,
+                         "startOffset": json.dumps(start_offset) if start_offset else None,
                          "endOffset": json.dumps(end_offset) if end_offset else None}]}
 
 
 def test_feedback_publishes_and_feeds_the_controller(tmp_path):
     c = AdaptiveRateController(1.0, 2, headroom=0.0, initial_rate_per_partition=500, min_rate=10)
-    fb = RateFeedback(1.0, {"s": SourceControl("s", c, bound={0: 10, 1: 10})}, str(tmp_path))
+    fb = RateFeedback(1.0, {"s": SourceControl("s", c, bound={0: 1500, 1: 1500})}, str(tmp_path))
     assert fb.submit(1000.0) == {"s": 1000}
     assert read_rate(str(tmp_path), "s") == (True, 1000.0)
     write_start(str(tmp_path), "s", 1000.002, 1000, 1000.0)
-    rec = fb.on_progress(progress(0, 1000.0, 500, 1000, {"0": 5, "1": 5}))
+    rec = fb.on_progress(progress(0, 1000.0, 500, 1000, {"0": 500, "1": 500}))
     assert rec.scheduling_delay == pytest.approx(0.0) and rec.cap_by_source == {"s": 1000}
     assert rec.duration_ms == {"triggerExecution": 500.0}
     assert fb.input_rows == 1000 and not fb.exhausted()
@@ -88,7 +92,7 @@ def test_feedback_publishes_and_feeds_the_controller(tmp_path):
     write_start(str(tmp_path), "s", 1001.003, 2000, 2000.0)
     fb.submit(1002.0)
     assert c.last_case == 3
-    fb.on_progress(progress(1, 1001.0, 1500, 2000, {"0": 10, "1": 10}))
+    fb.on_progress(progress(1, 1001.0, 1500, 2000, {"0": 1500, "1": 1500}, {"0": 500, "1": 500}))
     assert fb.exhausted()
     assert [b.batch_id for b in fb.batches] == [0, 1]
 
@@ -116,6 +120,30 @@ def test_feedback_ignores_empty_progress_and_stale_starts(tmp_path):
     fb.submit(6.0)
     assert fb.sources["s"].last_start_report == 0.0
     assert not fb.exhausted()
+
+
+def test_a_batch_is_counted_by_the_offsets_it_read_not_the_rows_its_source_put_out(tmp_path):
+    """A reader running chained bolts puts out their rows (none for a leaf), which Spark
+    reports as ``numInputRows``: the feedback counts what the batch read, from offsets."""
+    c = DStreamPIDController(1.0, 2)
+    fb = RateFeedback(1.0, {"s": SourceControl("s", c, bound={0: 300, 1: 300})}, str(tmp_path))
+    rec = fb.on_progress(progress(0, 5.0, 200, 0, {"0": 100, "1": 50}))               # a leaf: nothing out
+    assert rec is not None and rec.rows == 150 and rec.rows_by_source == {"s": 150}
+    rec = fb.on_progress(progress(1, 6.0, 200, 1200, {"0": 300, "1": 300}, {"0": 100, "1": 50}))   # 8 words each
+    assert rec.rows == 450 and fb.input_rows == 600 and fb.exhausted()
+    assert fb.on_progress(progress(2, 7.0, 5, 0, {"0": 300, "1": 300}, {"0": 300, "1": 300})) is None
+
+
+def test_progress_rows_fall_back_to_sparks_count_for_other_sources():
+    from runtime.observe.spark_progress import progress_rows, source_rows
+
+    assert source_rows({"numInputRows": 7, "startOffset": "41", "endOffset": "48"}) == 7        # Spark's rate source
+    assert source_rows({"numInputRows": 3, "endOffset": json.dumps({"t": {"0": 3}})}) == 3     # Kafka's nesting
+    assert source_rows({"numInputRows": 9, "startOffset": None, "endOffset": {"0": 4, "1": 2}}) == 6
+    assert progress_rows({"numInputRows": 5, "sources": []}) == 5
+    assert progress_rows({"numInputRows": 0, "sources": [
+        {"numInputRows": 0, "startOffset": '{"0": 1}', "endOffset": '{"0": 3}'},
+        {"numInputRows": 4, "startOffset": "1", "endOffset": "5"}]}) == 6
 
 
 def test_state_files_roundtrip(tmp_path):
@@ -189,6 +217,43 @@ def test_reader_admission_presharding_and_read(tmp_path):
     # ReadAllAvailable (Trigger.AvailableNow) ignores the controller
     assert int(reader.latestOffset(end, ReadAllAvailable())["0"]) > 40_000
     assert reader.latestOffset(end, ReadMaxRows(10)) == {"0": 310, "1": 300}
+
+
+class Tens(Bolt):
+    """Emits ten times each input's id, and one row per input it has seen at cleanup."""
+
+    outputs = ["y"]
+
+    def prepare(self, context, collector):
+        super().prepare(context, collector)
+        self.seen = 0
+
+    def execute(self, t):
+        self.seen += 1
+        self.collector.emit([t[0] * 10])
+
+    def cleanup(self):
+        self.collector.emit([-self.seen])
+
+
+def test_a_reader_with_a_chain_puts_out_the_chained_bolts_rows(tmp_path):
+    from runtime.spark.bolts import StagePlan
+    from runtime.spark.datasource import encode_chain
+
+    src = SyntheticSource(Constant(1000), partitions=2).started_at(time.time() - 100)
+    reader, state = make_reader(tmp_path, src, rate=600.0)
+    plans = [StagePlan(name, Tens, 2, "t", {}, "partition", {(up, "default"): fields}, {"default": ("y",)})
+             for name, up, fields in (("tens", "spout", ("id", "x")), ("hundreds", "tens", ("y",)))]
+    chained = OffsetStreamReader({**source_options("spout", src, [0, 1], core_num=4, interval_s=1.0,
+                                                   state_dir=str(state), bound=None, max_rows=None),
+                                  "chain": encode_chain(plans)})
+    start = reader.initialOffset()
+    part = reader.partitions(start, reader.latestOffset(start, reader.getDefaultReadLimit()))[1]
+    plain = [msgpack.unpackb(v)[0] for b in reader.read(part) for v in b.column("v").to_pylist()]
+    batches = list(chained.read(part))
+    assert {s for b in batches for s in b.column("src").to_pylist()} == {"hundreds"}
+    got = [msgpack.unpackb(v)[0] for b in batches for v in b.column("v").to_pylist()]
+    assert got == [i * 100 for i in plain] + [-10 * len(plain), -(len(plain) + 1)]   # each cleanup's row too
 
 
 def test_a_reader_whose_trigger_fires_late_admits_the_cut_cap(tmp_path):
@@ -317,6 +382,53 @@ def test_modes_and_terminal_streams(tmp_path):
     assert {c: p.mode for c, p in plans.items()} == {"w": "partition", "k": "keyed", "g": "task", "a": "task"}
     assert plans["k"].routes[("w", "default")].positions == (0,)
     assert terminal_streams(topo) == {"k": ["default"], "g": ["default"], "a": ["default"]}
+
+
+def _chain_topology(tmp_path, *wire) -> object:
+    FileLog(tmp_path, "t", partitions=1)
+    b = TopologyBuilder("chain")
+    b.spout("s", MessageLogSpout(str(tmp_path), "t", columns=("value",)))
+    for step in wire:
+        step(b)
+    return b.build()
+
+
+class TwoStreams(Bolt):
+    outputs = {"default": ["word"], "errors": ["msg"]}
+
+    def execute(self, t):
+        self.collector.emit([t[0]])
+
+
+@pytest.mark.parametrize("wire,expected", [
+    # spout -> shuffle -> shuffle -> fields: the two shuffle-fed bolts run inside the reader
+    ((lambda b: b.bolt("w", Words()).shuffle("s"), lambda b: b.bolt("w2", Words(), 3).local_or_shuffle("w"),
+      lambda b: b.bolt("k", Keyed(), 2).fields("w2", "word")), {"s": ["w", "w2"]}),
+    # a spout read by two bolts: each would need the source's rows
+    ((lambda b: b.bolt("w", Words()).shuffle("s"), lambda b: b.bolt("w2", Words()).shuffle("s")), {}),
+    # a fields grouping needs Spark's shuffle
+    ((lambda b: b.bolt("f", Words(), 2).fields("s", "value"),), {}),
+    ((lambda b: b.bolt("g", Words()).global_("s"),), {}),
+    # a stream nobody reads must leave the reader: the chain stops before its reader
+    ((lambda b: b.bolt("two", TwoStreams()).shuffle("s"), lambda b: b.bolt("w", Words()).shuffle("two")),
+     {"s": ["two"]}),
+    # a bolt that reads another component too
+    ((lambda b: b.bolt("w", Words()).shuffle("s"), lambda b: b.bolt("m", Words()).shuffle("w").shuffle("s")),
+     {}),
+    # a leaf that emits nothing runs in the reader too
+    ((lambda b: b.bolt("w", Words()).shuffle("s"), lambda b: b.bolt("leaf", Sink()).shuffle("w")),
+     {"s": ["w", "leaf"]}),
+])
+def test_chains_take_a_spouts_only_reader_while_it_needs_no_shuffle(tmp_path, wire, expected):
+    topo = _chain_topology(tmp_path, *wire)
+    assert chains(topo, stage_plans(topo, {})) == expected
+
+
+class Sink(Bolt):
+    outputs: list[str] = []
+
+    def execute(self, t):
+        pass
 
 
 # -- database sinks, idempotent by batch --------------------------------------------------------------------

@@ -319,6 +319,8 @@ SETTINGS: tuple[Setting, ...] = (
             nullable=True, check=_between(1, 4096)),
     Setting("spark.shuffle_partitions", None, _int, "partitions of stateful stages (spark.sql.shuffle.partitions); null = core_num",
             nullable=True, check=_between(1, 100_000)),
+    Setting("spark.chain", True, _bool, "run a bolt inside its spout's reader where it is the spout's only reader, reads "
+            "nothing else and needs no shuffle (one Python stage where there were two, as Flink chains operators)"),
     Setting("spark.sink", "sqlite:topo-results.db", _str, "where terminal streams go: sqlite:PATH, postgresql://..., or none"),
     Setting("spark.checkpoint_dir", None, _str, "streaming checkpoint (keep it to resume a run); null uses a temporary one",
             nullable=True),

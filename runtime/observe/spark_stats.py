@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from runtime.observe.stats import Histogram
+from runtime.observe.spark_progress import progress_rows
 
 # Micro-batches last from milliseconds to minutes; the latency buckets stop at 30 s.
 BATCH_BUCKETS: tuple[float, ...] = (
@@ -68,5 +69,5 @@ class SparkStats:
         ms = progress.get("batchDuration")
         if ms is None:
             ms = (progress.get("durationMs") or {}).get("triggerExecution", 0)
-        self.record_batch(float(ms) / 1000.0, int(progress.get("numInputRows", 0) or 0),
+        self.record_batch(float(ms) / 1000.0, progress_rows(progress),
                           scheduling_delay_s, controller_rate)

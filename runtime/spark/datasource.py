@@ -21,6 +21,12 @@ executors. So nothing is shared with the driver's objects:
 * **Stopping** (``write_stop``): once the driver decides to stop, the reader admits no
   more rows (``latestOffset`` returns the start offsets), so the batch in flight is the
   last one and the query can be stopped after it instead of in the middle of it.
+* **Chained bolts** (``spark.chain``, ``runtime.spark.plan.chains``): the ``chain``
+  option carries the plans of the bolts that run inside this reader; ``read`` passes
+  its rows through each in turn (the ``mapInArrow`` function each would have run in a
+  stage of its own), so the source's rows are the last bolt's. Spark's
+  ``numInputRows`` then counts those, not the records read, so the driver counts a
+  batch's records by its offsets (``runtime.spark.listener.source_rows``).
 * **Pre-sharding** (step 2): ``partitions(start, end)`` splits each source partition's
   range into ``map_num`` Spark partitions (``runtime.spark.presharding``); a partition
   carries only ``(partition, start, end)`` and ``read`` fetches the records when the
@@ -43,7 +49,7 @@ from typing import Any, Iterator, Mapping
 import msgpack
 
 from backpressure.policy.rate_control import LATE_FLOOR, late_start_rate, per_partition_cap
-from runtime.spark.bolts import enter_workdir
+from runtime.spark.bolts import StagePlan, enter_workdir, partition_function
 from runtime.spark.presharding import preshard
 from topo.sources.base import OffsetSource
 
@@ -152,6 +158,18 @@ def decode_source(text: str) -> OffsetSource:
     return pickle.loads(base64.b64decode(text))
 
 
+def encode_chain(plans: list[StagePlan]) -> str:
+    """The ``chain`` option: the chained bolts' plans, pickled as Spark pickles the
+    functions of its own stages (cloudpickle: a topology built in ``__main__`` ships too)."""
+    from pyspark import cloudpickle
+
+    return base64.b64encode(cloudpickle.dumps(plans)).decode("ascii")
+
+
+def decode_chain(text: str) -> list[StagePlan]:
+    return pickle.loads(base64.b64decode(text)) if text else []
+
+
 def source_options(component: str, source: OffsetSource, pick: list[int], *, core_num: int,
                    interval_s: float, state_dir: str, bound: dict[int, int] | None,
                    max_rows: int | None) -> dict[str, str]:
@@ -221,6 +239,7 @@ class OffsetStreamReader(DataSourceStreamReader):  # type: ignore[misc,valid-typ
         self.max_rows = int(options.get("max_rows") or NO_ROW_LIMIT)
         self.partition_count = self.source.num_partitions()
         self.workdir = options.get("workdir") or None   # the driver's directory, on a cluster on this machine
+        self.chain = options.get("chain") or ""          # decoded where read runs: it imports the bolts
 
     def initialOffset(self) -> dict[str, int]:
         return {str(p): 0 for p in range(self.partition_count)}
@@ -251,9 +270,16 @@ class OffsetStreamReader(DataSourceStreamReader):  # type: ignore[misc,valid-typ
         return [ShardPartition(s.partition, s.start, s.end) for s in preshard(ranges, self.core_num)]
 
     def read(self, partition: ShardPartition) -> Iterator[Any]:
+        enter_workdir(self.workdir)
+        batches = self._records(partition)
+        for plan in decode_chain(self.chain):
+            batches = partition_function(plan)(batches)
+        yield from batches
+
+    def _records(self, partition: ShardPartition) -> Iterator[Any]:
+        """The partition's records as bus batches of ``READ_CHUNK`` rows."""
         import pyarrow as pa
 
-        enter_workdir(self.workdir)
         pick = self.pick
         packb = msgpack.packb
         values: list[bytes] = []

@@ -54,14 +54,16 @@ import msgpack
 
 from backpressure.policy.rate_control import make_controller
 from runtime.observe.spark_stats import SparkStats
-from runtime.spark.datasource import SOURCE_NAME, OffsetDataSource, clear_stop, source_options, write_stop
+from runtime.spark.datasource import (SOURCE_NAME, OffsetDataSource, clear_stop, encode_chain, source_options,
+                                      write_stop)
 from runtime.spark.listener import (BatchRecord, RateFeedback, SourceControl, SubmissionTicker,
                                     make_listener, next_boundary)
+from runtime.observe.spark_progress import progress_rows
 from runtime.spark.bolts import FAILURE_PREFIX
 from runtime.spark.checkpoint_log import use_manager
 from runtime.spark.placement import check as check_placement
 from runtime.spark.placement import executor_workdir, is_local, on_this_machine
-from runtime.spark.plan import build, needs_tws, stage_plans, terminal_streams
+from runtime.spark.plan import build, chains, needs_tws, stage_plans, terminal_streams
 from runtime.spark.result_store import BatchSink, open_sink
 from runtime.spark.session import driver_host
 from runtime.spark.shipping import build_zip, roots_of, user_modules
@@ -170,10 +172,13 @@ def run(topology: Topology, config: Mapping[str, Any] | None = None, *, master: 
         stats, options, feedback = _rate_control(topology, cfg, interval_s, core_num, state_dir)
         for opts in options.values():
             opts["workdir"] = workdir or ""
+        chained = chains(topology, plans) if cfg["spark.chain"] else {}
+        for spout, chain in chained.items():
+            options[spout]["chain"] = encode_chain([plans[b] for b in chain])
         _serve_metrics(stack, cfg, stats)
         feedback.submit(next_boundary(time.time(), interval_s))   # slow start caps before the first trigger
         frames = {cid: spark.readStream.format(SOURCE_NAME).options(**opts).load() for cid, opts in options.items()}
-        result_df = build(spark, topology, plans, frames)
+        result_df = build(spark, topology, plans, frames, chained)
 
         streams = {(c, s): topology.components[c].outputs[s] for c, ss in terminal_streams(topology).items()
                    for s in ss}
@@ -418,7 +423,7 @@ class QueryStop:
 def _last_data_batch(query: Any) -> int | None:
     """The id of the query's last batch that read rows (None if none did)."""
     for progress in reversed(query.recentProgress):
-        if progress["numInputRows"]:
+        if progress_rows(progress):
             return int(progress["batchId"])
     return None
 

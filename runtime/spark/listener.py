@@ -47,6 +47,7 @@ from datetime import datetime
 from typing import Any, Callable, Mapping
 
 from backpressure.policy.rate_control import LATE_FLOOR, BatchInfo, RateController
+from runtime.observe.spark_progress import progress_rows, source_rows
 from runtime.observe.spark_stats import SparkStats
 from runtime.spark.datasource import read_start, write_rate
 
@@ -193,7 +194,7 @@ class RateFeedback:
     # -- batch end --------------------------------------------------------------------------
     def on_progress(self, progress: Mapping[str, Any]) -> BatchRecord | None:
         """One ``StreamingQueryProgress`` (as a dict). Returns the record of a data batch."""
-        rows = int(progress.get("numInputRows") or 0)
+        rows = progress_rows(progress)
         if rows <= 0:
             return None
         start = parse_timestamp(str(progress["timestamp"]))
@@ -231,7 +232,7 @@ class RateFeedback:
         for i, src in enumerate(sources):
             component = _component_of(src, names, i)
             if component is not None:
-                out[component] = out.get(component, 0) + int(src.get("numInputRows") or 0)
+                out[component] = out.get(component, 0) + source_rows(src)
         return out
 
     def _mark_done(self, progress: Mapping[str, Any]) -> None:
