@@ -49,15 +49,19 @@ def _topo_run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_wordcount_same_counts_on_local_and_spark(tmp_path):
     """configs/wordcount.yaml, unchanged, through `topo run` on both engines: the same
     exact counts in wordcount.db, several micro-batches on Spark, and a quiet stderr
-    (no pandas FutureWarning, no Java or Python stack trace at the normal shutdown)."""
+    (no pandas FutureWarning, no JVM warning about incubator modules, no Java or Python
+    stack trace at the normal shutdown, no PySpark worker chatter) and nothing of that on
+    stdout either."""
     wordcount = str(REPO / "configs" / "wordcount.yaml")
     counts = {}
     for engine in ("local", "spark"):
         (tmp_path / engine).mkdir()
         proc = _topo_run(["--engine", engine, wordcount], tmp_path / engine)
         assert proc.returncode == 0, proc.stderr[-4000:]
-        for noise in ("FutureWarning", "Traceback", "Exception", "\tat ", "ERROR"):
+        for noise in ("FutureWarning", "Traceback", "Exception", "\tat ", "ERROR", "incubator",
+                      "TransformWithStateInPandas"):
             assert noise not in proc.stderr, proc.stderr[-4000:]
+        assert "TransformWithStateInPandas" not in proc.stdout, proc.stdout[-4000:]
         counts[engine] = dict(read_table(str(tmp_path / engine / "wordcount.db"), "word_counts"))
     assert counts["local"] == dict(expected_counts(DEFAULT_SENTENCES, 2000))
     assert counts["spark"] == counts["local"]

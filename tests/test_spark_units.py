@@ -767,3 +767,30 @@ def test_doc001_settings_out_of_range_are_one_line_errors(key, value):
     with pytest.raises(ConfigError) as err:
         resolve({key: value})
     assert key in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_jvms_output_reaches_ours_without_the_lines_every_run_printed():
+    """Every line the JVM writes is copied in order, the noise lines and the empty line after
+    each left out (other empty lines kept), and ``join`` returns once the JVM's end of the
+    pipe is closed."""
+    import os
+
+    from runtime.spark.session import JVM_BOOT_NOISE, TWS_WORKER_NOISE, JvmOutput
+
+    def copy(data: bytes, noise: tuple[bytes, ...]) -> list[bytes]:
+        read_end, write_end = os.pipe()
+        got: list[bytes] = []
+        copier = JvmOutput(os.fdopen(read_end, "rb"), noise, write=got.append).start()
+        os.write(write_end, data)
+        os.close(write_end)
+        copier.join(5.0)
+        assert not copier.thread.is_alive()
+        return got
+
+    assert copy(b"first\nWARNING: Using incubator modules: jdk.incubator.vector\n"
+                b"Error: Could not find or load main class\nWARNING: something else\nlast", JVM_BOOT_NOISE) == [
+        b"first\n", b"Error: Could not find or load main class\n", b"WARNING: something else\n", b"last"]
+    assert copy(b"Starting Streaming TransformWithStateInPandas Python worker.\n\n"
+                b"Streaming TransformWithStateInPandas Python worker Starting execution of UDF: f.\n\n"
+                b"Streaming TransformWithStateInPandas Python worker Completed execution of UDF: f.\n\n"
+                b"\nbatches: 3\n\nrows: 7\n", TWS_WORKER_NOISE) == [b"\n", b"batches: 3\n", b"\n", b"rows: 7\n"]

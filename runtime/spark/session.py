@@ -13,6 +13,11 @@
   get ``PYTHONWARNINGS`` filtering PySpark's FutureWarning about the pandas version
   (the driver filters it in ``runtime/spark/__init__.py``). A normal run and its
   shutdown print no stack trace.
+* The JVM's stderr and stdout reach the terminal through threads (``JvmOutput``) that drop
+  what every run printed and no setting silences: the boot warning ``WARNING: Using
+  incubator modules: jdk.incubator.vector`` (Spark's launcher always adds that module)
+  and the lines PySpark's driver-side ``transformWithStateInPandas`` worker prints at
+  every call. Everything else the JVM and its Python workers write passes unchanged.
 * Python workers must import the user's bolt classes by module name, so the
   directories on this interpreter's ``sys.path`` (the working directory, a test
   directory) are added to ``PYTHONPATH`` before the JVM starts; workers inherit it.
@@ -24,8 +29,9 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Callable
 
 from runtime.spark import PANDAS_WARNING
 
@@ -62,6 +68,84 @@ def java_options(log_file: str | None) -> str:
     return f"-Xss32m -Dlog4j2.configurationFile={LOG4J_FILE_CONFIG.as_uri()} -Dtopo.spark.log={log_file}"
 
 
+JVM_BOOT_NOISE = (b"WARNING: Using incubator modules:",)
+# PySpark's driver-side worker for transformWithStateInPandas prints these at its start and
+# at every call, each followed by an empty line (to stderr, which it shares with the JVM).
+TWS_WORKER_NOISE = (b"Starting Streaming TransformWithStateInPandas Python worker",
+                    b"Streaming TransformWithStateInPandas Python worker ")
+
+
+class JvmOutput:
+    """Copies one of the JVM's output streams to this process's file descriptor ``fd``
+    (where the JVM would have written), line by line, without the lines that start with one
+    of ``noise`` and the empty line that follows each of them."""
+
+    def __init__(self, stream: IO[bytes], noise: tuple[bytes, ...], fd: int = 2,
+                 write: Callable[[bytes], Any] | None = None) -> None:
+        self.stream = stream
+        self.noise = noise
+        self.write = write or (lambda line: os.write(fd, line))
+        self.thread = threading.Thread(target=self._copy, name=f"spark-jvm-output-{fd}", daemon=True)
+
+    def start(self) -> "JvmOutput":
+        self.thread.start()
+        return self
+
+    def _copy(self) -> None:
+        dropped = False
+        for line in iter(self.stream.readline, b""):
+            if line.startswith(self.noise) or (dropped and line == b"\n"):
+                dropped = not dropped or line != b"\n"
+                continue
+            dropped = False
+            self.write(line)
+
+    def join(self, timeout: float) -> None:
+        """Wait for what a JVM that has exited still wrote (its error, when it failed to start)."""
+        self.thread.join(timeout)
+
+
+def session_settings(master: str, app_name: str, log_file: str | None,
+                     shuffle_partitions: int | None) -> dict[str, str]:
+    """The Spark settings of the engine's session (module docstring)."""
+    settings = {"spark.master": master, "spark.app.name": app_name,
+                "spark.driver.extraJavaOptions": java_options(log_file),
+                "spark.driver.host": driver_host(), "spark.driver.bindAddress": driver_host(),
+                "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
+                "spark.sql.streaming.metricsEnabled": "false", "spark.sql.adaptive.enabled": "false"}
+    if shuffle_partitions is not None:
+        settings["spark.sql.shuffle.partitions"] = str(shuffle_partitions)
+    return settings
+
+
+def _start_jvm(settings: dict[str, str]) -> None:
+    """Start Spark's JVM with its stdout and stderr through ``JvmOutput`` and a context on it,
+    unless this process already has a JVM (a session before, or a shell that launched one).
+
+    The pipes are read from before the JVM starts, so a JVM that writes much while it boots
+    cannot block on a full pipe, and one that fails to start still has its error shown."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
+        return
+    conf = SparkConf().setAll(list(settings.items()))
+    pipes = {1: os.pipe(), 2: os.pipe()}
+    noise = JVM_BOOT_NOISE + TWS_WORKER_NOISE
+    copiers = [JvmOutput(os.fdopen(read_end, "rb"), noise, fd).start() for fd, (read_end, _) in pipes.items()]
+    try:
+        gateway = launch_gateway(conf, popen_kwargs={"stdout": pipes[1][1], "stderr": pipes[2][1]})
+    except BaseException:
+        for _, write_end in pipes.values():
+            os.close(write_end)
+        for copier in copiers:
+            copier.join(2.0)
+        raise
+    for _, write_end in pipes.values():
+        os.close(write_end)      # the JVM holds its own copies; EOF comes when it exits
+    SparkContext(conf=conf, gateway=gateway)
+
+
 def get_session(master: str = "local[*]", *, shuffle_partitions: int | None = None,
                 app_name: str = "topo", log_level: str = "WARN", log_file: str | None = None) -> Any:
     """A session for the engine (``getOrCreate``: an active session is reused as is);
@@ -69,16 +153,11 @@ def get_session(master: str = "local[*]", *, shuffle_partitions: int | None = No
     prepare_environment()
     from pyspark.sql import SparkSession
 
-    builder = (SparkSession.builder.master(master).appName(app_name)
-               .config("spark.driver.extraJavaOptions", java_options(log_file))
-               .config("spark.driver.host", driver_host())
-               .config("spark.driver.bindAddress", driver_host())
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.streaming.metricsEnabled", "false")
-               .config("spark.sql.adaptive.enabled", "false"))
-    if shuffle_partitions is not None:
-        builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+    settings = session_settings(master, app_name, log_file, shuffle_partitions)
+    _start_jvm(settings)
+    builder = SparkSession.builder
+    for key, value in settings.items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
     return spark
