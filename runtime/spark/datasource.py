@@ -26,7 +26,7 @@ executors. So nothing is shared with the driver's objects:
   its rows through each in turn (the ``mapInArrow`` function each would have run in a
   stage of its own), so the source's rows are the last bolt's. Spark's
   ``numInputRows`` then counts those, not the records read, so the driver counts a
-  batch's records by its offsets (``runtime.spark.listener.source_rows``).
+  batch's records by its offsets (``runtime.observe.spark_progress.source_rows``).
 * **Pre-sharding** (step 2): ``partitions(start, end)`` splits each source partition's
   range into ``map_num`` Spark partitions (``runtime.spark.presharding``); a partition
   carries only ``(partition, start, end)`` and ``read`` fetches the records when the

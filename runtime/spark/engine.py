@@ -53,12 +53,12 @@ from typing import Any, Mapping, Sequence
 import msgpack
 
 from backpressure.policy.rate_control import make_controller
+from runtime.observe.spark_progress import progress_rows
 from runtime.observe.spark_stats import SparkStats
 from runtime.spark.datasource import (SOURCE_NAME, OffsetDataSource, clear_stop, encode_chain, source_options,
                                       write_stop)
 from runtime.spark.listener import (BatchRecord, RateFeedback, SourceControl, SubmissionTicker,
                                     make_listener, next_boundary)
-from runtime.observe.spark_progress import progress_rows
 from runtime.spark.bolts import FAILURE_PREFIX
 from runtime.spark.checkpoint_log import use_manager
 from runtime.spark.placement import check as check_placement
