@@ -11,7 +11,7 @@ import json
 from typing import Any, Mapping
 
 
-def _offsets_of(value: Any) -> dict[str, int] | None:
+def offsets_of(value: Any) -> dict[str, int] | None:
     """A progress ``startOffset`` / ``endOffset`` as ``{partition: offset}`` (None when it
     is not one of the offset sources' per-partition maps)."""
     if isinstance(value, str):
@@ -31,10 +31,10 @@ def source_rows(src: Mapping[str, Any]) -> int:
     """Records one progress ``sources[i]`` entry read: its end offsets less its start
     (none before the first batch), so a reader that runs chained bolts (whose rows Spark
     counts in ``numInputRows``) is counted by what it read; Spark's count otherwise."""
-    end = _offsets_of(src.get("endOffset"))
+    end = offsets_of(src.get("endOffset"))
     if end is None:
         return int(src.get("numInputRows") or 0)
-    start = _offsets_of(src.get("startOffset")) or {}
+    start = offsets_of(src.get("startOffset")) or {}
     return sum(max(0, o - start.get(p, 0)) for p, o in end.items())
 
 

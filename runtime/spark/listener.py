@@ -47,7 +47,7 @@ from datetime import datetime
 from typing import Any, Callable, Mapping
 
 from backpressure.policy.rate_control import LATE_FLOOR, BatchInfo, RateController
-from runtime.observe.spark_progress import progress_rows, source_rows
+from runtime.observe.spark_progress import offsets_of, progress_rows, source_rows
 from runtime.observe.spark_stats import SparkStats
 from runtime.spark.datasource import read_start, write_rate
 
@@ -242,10 +242,8 @@ class RateFeedback:
             sc = self.sources.get(component) if component else None
             if sc is None or sc.bound is None:
                 continue
-            end = src.get("endOffset")
-            if isinstance(end, str):
-                end = json.loads(end)
-            if isinstance(end, dict) and all(int(end.get(str(p), 0)) >= o for p, o in sc.bound.items()):
+            end = offsets_of(src.get("endOffset"))
+            if end is not None and all(end.get(str(p), 0) >= o for p, o in sc.bound.items()):
                 sc.done = True
 
     def exhausted(self) -> bool:
