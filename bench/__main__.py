@@ -17,8 +17,8 @@ from pathlib import Path
 from bench import environment, report
 
 
-# Modules of this package that are not benchmarks.
-NOT_BENCHMARKS = {"environment", "report", "variant_text", "bytewax_wordcount"}
+# Modules of this package that are not benchmarks (spark_time_shares analyses spark_rate_control's results).
+NOT_BENCHMARKS = {"environment", "report", "variant_text", "bytewax_wordcount", "spark_time_shares"}
 
 
 def main(argv: list[str]) -> int:

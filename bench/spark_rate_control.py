@@ -76,6 +76,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from bench import environment
+from bench import spark_time_shares as time_shares
 from bench.environment import stamp
 from bench.variant_text import split_variant
 from topo.api import Bolt, Tuple
@@ -300,10 +301,25 @@ def run_controller(spark: Any, name: str, scenario: str, per_period: int, rounds
         last_end = max((b.end for b in result.batches), default=drop_at)
         before = marginal_row_time([b for b in kept if b.end < drop_at], fixed_cost)
         later = marginal_row_time(after, fixed_cost)
-        run |= {"drop_at_s": drop_at - first, "after_drop": after,
+        run |= {"drop_at_s": drop_at - first, "drop_at": drop_at, "after_drop": after,
                 "after_drop_window_s": max(last_end - drop_at, 1e-9), "drop_factor": drop_factor,
                 "capacity_ratio": before / later if before and later and before > 0 and later > 0 else None}
     return run
+
+
+RUN_FIELDS = ("round", "first_submit", "drop_at", "drop_at_s", "elapsed_s", "rows", "drained", "capacity_ratio")
+CALIBRATION_SPREAD = 0.25   # a round's capacity this far from the rounds' median is flagged
+
+
+def calibration_outliers(rounds: Sequence[dict[str, Any]], spread: float = CALIBRATION_SPREAD) -> list[dict[str, Any]]:
+    """Rounds whose calibrated capacity lies more than ``spread`` from the median of every
+    round's: a round sized from a stale or disturbed calibration tests another regime (its
+    source too large or too small for the machine), which the goals per round should show."""
+    if len(rounds) < 3:
+        return []
+    median = statistics.median(r["capacity_rows_per_s"] for r in rounds)
+    return [{"round": i, "capacity_rows_per_s": r["capacity_rows_per_s"], "median_rows_per_s": median}
+            for i, r in enumerate(rounds) if abs(r["capacity_rows_per_s"] / median - 1.0) > spread]
 
 
 def ci95(values: Sequence[float]) -> float:
@@ -600,6 +616,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(verdict, flush=True)
     for scenario, data in out_scenarios.items():
         data["batches"] = {n: [r["batches"] for r in rs] for n, rs in runs[scenario].items()}
+        data["runs"] = {n: [{k: r[k] for k in RUN_FIELDS if k in r} for r in rs] for n, rs in runs[scenario].items()}
     out: dict[str, Any] = {
         "machine": {"cores": os.cpu_count(), "load_average_1_5_15_at_start": list(load_start),
                     "load_average_1_5_15_at_end": list(os.getloadavg()), "nice": os.nice(0),
@@ -615,9 +632,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "stopped": {"reason": stop_reason, "repeats": min(len(rs) for d in runs.values() for rs in d.values()),
                     "ci95_not_under_target": left, "verdict": verdict},
         "goals": goals(out_scenarios),
+        "calibration_outliers": calibration_outliers(rounds_setup),
         "document": {"pid_ms": 106.18, "doc001_ms": 62.89, "ratio": 62.89 / 106.18},
         "scenarios": out_scenarios,
     }
+    if "capacity_drop" in scenarios:
+        out["time_shares_after_drop"] = time_shares.analyse(out)
     a.out_dir.mkdir(parents=True, exist_ok=True)
     out = stamp(out, "spark_rate_control")
     (a.out_dir / "spark_rate_control.json").write_text(json.dumps(out, indent=1))
@@ -656,6 +676,15 @@ def table(out: dict[str, Any]) -> str:
         paired = "-" if m is None else f"{m:.2f}" + ("" if h is None else f" +- {h:.2f}")
         lines.append(f"| {goal} | {'-' if r is None else f'{r:.2f}'} | {'met' if g['met'] else 'not met'} | "
                      f"{g.get('rounds_met', 0)} of {g.get('rounds', 0)} | {paired} |")
+    if out.get("time_shares_after_drop"):
+        lines += ["", "`capacity_drop`, shares of the wall time after the drop (`bench.spark_time_shares`: the fixed "
+                  "cost at the round's calibration; rows/s = work share x the machine's marginal rate):", "",
+                  time_shares.table(out["time_shares_after_drop"])]
+    outliers = out.get("calibration_outliers")
+    if outliers:
+        lines += ["", "Calibrations more than 25% from the median of the rounds' (capacity, rows/s): " + ", ".join(
+            f"round {o['round'] + 1} {o['capacity_rows_per_s']:,.0f} against {o['median_rows_per_s']:,.0f}"
+            for o in outliers)]
     lines += ["", out["stopped"]["verdict"]]
     return "\n".join(lines)
 
