@@ -115,7 +115,8 @@ def analyse(results: Mapping[str, Any]) -> dict[str, Any]:
         have = [s for s in shares if s is not None]
         out["controllers"][name] = {
             "per_run": [None if s is None else s.as_dict() for s in shares],
-            "mean": {k: statistics.fmean(getattr(s, k) for s in have) for k in ("fixed_cost", "idle", "work")},
+            "mean": {k: statistics.fmean(getattr(s, k) for s in have) if have else None
+                     for k in ("fixed_cost", "idle", "work")},
             "work_over_best_per_round": [None if s is None or best[r] <= 0 else s.work / best[r]
                                          for r, s in enumerate(shares[:n_rounds])],
         }
@@ -131,16 +132,19 @@ def analyse(results: Mapping[str, Any]) -> dict[str, Any]:
 
 def table(analysis: Mapping[str, Any]) -> str:
     """The shares as a Markdown table, one row per controller."""
+    def cell(x: float | None, fmt: str) -> str:
+        return "-" if x is None else f"{x:{fmt}}"
+
     lines = ["| controller (after the drop) | fixed cost | idle | work | work / the round's best, mean (per round) |",
              "|---|---|---|---|---|"]
     for name, c in analysis["controllers"].items():
         m = c["mean"]
-        per_round = ", ".join("-" if x is None else f"{x:.2f}" for x in c["work_over_best_per_round"])
-        lines.append(f"| {name} | {m['fixed_cost']:.3f} | {m['idle']:.3f} | {m['work']:.3f} | "
-                     f"{c['work_over_best_mean']:.2f} ({per_round}) |")
+        per_round = ", ".join(cell(x, ".2f") for x in c["work_over_best_per_round"])
+        lines.append(f"| {name} | {cell(m['fixed_cost'], '.3f')} | {cell(m['idle'], '.3f')} | {cell(m['work'], '.3f')} | "
+                     f"{cell(c['work_over_best_mean'], '.2f')} ({per_round}) |")
     ceilings = analysis["in_interval_ceiling_over_best_per_round"]
     lines += ["", "A controller whose batches end within their interval, idle never, the round's fixed cost once an "
-              f"interval: work / the round's best at most {analysis['in_interval_ceiling_over_best_mean']:.2f} "
+              f"interval: work / the round's best at most {cell(analysis['in_interval_ceiling_over_best_mean'], '.2f')} "
               f"({', '.join(f'{x:.2f}' for x in ceilings)})."]
     if analysis["drop_time_estimated"]:
         lines.append("(Drop times estimated: the file did not keep them; see `bench.spark_time_shares`.)")

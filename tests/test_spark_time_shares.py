@@ -82,6 +82,15 @@ def test_a_file_without_drop_times_takes_the_first_trigger_plus_half_the_offered
     assert "estimated" in shares.table(a)
 
 
+def test_a_controller_with_no_batch_after_the_drop_shows_dashes():
+    results = results_file(with_drop_times=True)
+    results["scenarios"]["capacity_drop"]["runs"]["doc001"] = [{"round": r, "drop_at": 500.0} for r in range(2)]
+    a = shares.analyse(results)
+    assert a["controllers"]["doc001"]["mean"] == {"fixed_cost": None, "idle": None, "work": None}
+    assert a["controllers"]["doc001"]["work_over_best_per_round"] == [None, None]
+    assert "| doc001 | - | - | - | - (-, -) |" in shares.table(a)
+
+
 def test_the_command_reads_a_results_file_and_names_a_bad_one(tmp_path, capsys):
     good = tmp_path / "r.json"
     good.write_text(json.dumps(results_file(with_drop_times=True)))
