@@ -86,6 +86,12 @@ from topo.topology import Topology, TopologyBuilder
 
 RESULTS = Path(__file__).parent / "results"
 PERIOD_S = 10.0   # the bursty source's period (a burst in its first half)
+
+
+def offered_span(periods: int) -> float:
+    """Seconds from a run's start until its source's last row arrives (the last burst ends
+    half a period before the last period does); the capacity drop comes at half of it."""
+    return PERIOD_S * periods - PERIOD_S / 2
 CONTROLLERS = ("fixed", "pid", "doc001")
 SCENARIOS = ("steady", "capacity_drop")
 # Two-sided 95% Student t quantiles by degrees of freedom (1..30); 1.96 beyond.
@@ -283,11 +289,11 @@ def run_controller(spark: Any, name: str, scenario: str, per_period: int, rounds
     cfg = base_config(interval_ms) | {"spark.rate_control": base} | settings
     if base == "fixed":
         cfg["spark.max_rate_per_partition"] = capacity / partitions
-    offered_span = PERIOD_S * periods - PERIOD_S / 2           # the last row arrives then
-    drop_at = time.time() + offered_span / 2 if scenario == "capacity_drop" else math.inf
+    span = offered_span(periods)
+    drop_at = time.time() + span / 2 if scenario == "capacity_drop" else math.inf
     total = per_period * periods
     topo = topology(per_period, rounds, partitions, total=total, factor=drop_factor, slow_from=drop_at)
-    result = engine.run(topo, cfg, spark=spark, duration=offered_span + drain_cap)
+    result = engine.run(topo, cfg, spark=spark, duration=span + drain_cap)
     first = min((b.submit for b in result.batches), default=0.0)
     kept = [b for b in result.batches if b.start >= first + warmup]
     offered = min(total, Bursty(per_period).count_at(result.elapsed))
@@ -307,7 +313,7 @@ def run_controller(spark: Any, name: str, scenario: str, per_period: int, rounds
     return run
 
 
-RUN_FIELDS = ("round", "first_submit", "drop_at", "drop_at_s", "elapsed_s", "rows", "drained", "capacity_ratio")
+RUN_FIELDS = ("round", "first_submit", "drop_at", "elapsed_s", "rows", "drained", "capacity_ratio")
 CALIBRATION_SPREAD = 0.25   # a round's capacity this far from the rounds' median is flagged
 
 
@@ -682,7 +688,8 @@ def table(out: dict[str, Any]) -> str:
                   time_shares.table(out["time_shares_after_drop"])]
     outliers = out.get("calibration_outliers")
     if outliers:
-        lines += ["", "Calibrations more than 25% from the median of the rounds' (capacity, rows/s): " + ", ".join(
+        lines += ["", f"Calibrations more than {CALIBRATION_SPREAD:.0%} from the median of the rounds' (capacity, "
+                  "rows/s): " + ", ".join(
             f"round {o['round'] + 1} {o['capacity_rows_per_s']:,.0f} against {o['median_rows_per_s']:,.0f}"
             for o in outliers)]
     lines += ["", out["stopped"]["verdict"]]

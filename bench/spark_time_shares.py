@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 RESULTS = Path(__file__).parent / "results" / "spark_rate_control.json"
-PERIOD_S = 10.0   # the bursty source's period; the last row arrives half a period before the last one ends
 
 
 @dataclass(frozen=True)
@@ -53,23 +52,20 @@ class TimeShares:
         return asdict(self)
 
 
-def _field(batch: Any, name: str) -> float:
-    return float(batch[name] if isinstance(batch, Mapping) else getattr(batch, name))
-
-
-def time_shares(batches: Iterable[Any], start: float, fixed_cost: float) -> TimeShares | None:
+def time_shares(batches: Iterable[Mapping[str, Any]], start: float, fixed_cost: float) -> TimeShares | None:
     """The shares over the batches with rows that start at or after ``start``, from the first
-    one's start to the last one's end; ``None`` without any. ``batches``: objects or dicts
-    with ``start``, ``end``, ``processing_time`` (seconds) and ``rows``."""
-    after = [b for b in batches if _field(b, "start") >= start and _field(b, "rows") > 0]
+    one's start to the last one's end; ``None`` without any. ``batches``: as a results file
+    keeps them (``BatchRecord.as_dict``: ``start``, ``end``, ``processing_time`` in seconds,
+    ``rows``)."""
+    after = [b for b in batches if b["start"] >= start and b["rows"] > 0]
     if not after:
         return None
-    begin = min(_field(b, "start") for b in after)
-    window = max(_field(b, "end") for b in after) - begin
+    begin = min(b["start"] for b in after)
+    window = max(b["end"] for b in after) - begin
     if window <= 0:
         return None
-    busy = sum(_field(b, "processing_time") for b in after)
-    fixed = sum(min(fixed_cost, _field(b, "processing_time")) for b in after)
+    busy = sum(b["processing_time"] for b in after)
+    fixed = sum(min(fixed_cost, b["processing_time"]) for b in after)
     idle = max(0.0, window - busy)
     return TimeShares(fixed / window, idle / window, (busy - fixed) / window, len(after), window)
 
@@ -83,8 +79,9 @@ def in_interval_ceiling(fixed_cost: float, interval: float) -> float:
 def estimated_drop_at(batches: Sequence[Mapping[str, Any]], periods: int) -> float:
     """A run's drop time where the file did not keep it: its first trigger plus half the span
     over which the source offers rows (module docstring)."""
-    first = min(float(b["submit"]) for b in batches)
-    return first + (PERIOD_S * periods - PERIOD_S / 2) / 2
+    from bench.spark_rate_control import offered_span    # here: that module imports this one
+
+    return min(float(b["submit"]) for b in batches) + offered_span(periods) / 2
 
 
 def analyse(results: Mapping[str, Any]) -> dict[str, Any]:
@@ -100,8 +97,9 @@ def analyse(results: Mapping[str, Any]) -> dict[str, Any]:
     estimated = False
     for name, runs in data["batches"].items():
         per[name] = []
+        metas = kept.get(name, [])
         for r, batches in enumerate(runs):
-            meta = kept.get(name, [])[r] if r < len(kept.get(name, [])) else {}
+            meta = metas[r] if r < len(metas) else {}
             if "drop_at" in meta:
                 drop_at = float(meta["drop_at"])
             else:
